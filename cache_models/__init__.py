@@ -1,0 +1,1 @@
+"""Faithful, deterministic models of inference engines' prefix caches. Pure: no I/O."""

@@ -1,0 +1,76 @@
+"""Engine configurations: the server flags that change which prompt tokens hit the cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SglangEvictionPolicy = Literal["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
+SGLANG_EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Service times for a replay in arrival time: a request holds its KV from admission to finish.
+
+    Prefill of the uncached prompt tokens takes ``uncached / prefill_tokens_per_s`` seconds, then
+    each output token one decode step of ``1 / decode_tokens_per_s`` seconds.
+    """
+
+    prefill_tokens_per_s: float = 8000.0
+    decode_tokens_per_s: float = 40.0
+
+    def __post_init__(self) -> None:
+        if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
+            raise ValueError("TimeModel rates must be positive")
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """vLLM v1 automatic prefix caching (one full-attention KV-cache group)."""
+
+    block_size: int = 16
+    # Usable KV capacity in tokens; usable blocks = capacity_tokens // block_size (the engine's
+    # num_gpu_blocks is one more: block 0 is the reserved null block). None = unbounded.
+    capacity_tokens: int | None = None
+    # Requests in flight at once (max_num_seqs); 1 = strictly sequential replay.
+    max_in_flight: int = 1
+    # Replay in arrival time (needs Workload.arrival_s); None = by order only.
+    time_model: TimeModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.capacity_tokens is not None and self.capacity_tokens < self.block_size:
+            raise ValueError("capacity_tokens must hold at least one block")
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+
+
+@dataclass(frozen=True)
+class SglangConfig:
+    """SGLang RadixAttention prefix cache (UnifiedRadixCache, full attention)."""
+
+    page_size: int = 1
+    # KV pool size in token slots (max_total_num_tokens). None = unbounded.
+    capacity_tokens: int | None = None
+    eviction_policy: SglangEvictionPolicy = "lru"
+    # --chunked-prefill-size; 0 = no chunking (chunk boundaries become tree node boundaries).
+    chunked_prefill_size: int = 0
+    # SGLANG_ENABLE_WAITING_PREFIX_REFRESH (on by default in SGLang): with fcfs + lru, every 32nd
+    # scheduling pass touches the waiting requests' whole prompts.
+    waiting_prefix_refresh: bool = True
+    max_in_flight: int = 1
+    time_model: TimeModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.capacity_tokens is not None and self.capacity_tokens < self.page_size:
+            raise ValueError("capacity_tokens must hold at least one page")
+        if self.eviction_policy not in SGLANG_EVICTION_POLICIES:
+            raise ValueError(f"unknown SGLang eviction policy {self.eviction_policy!r}")
+        if self.chunked_prefill_size < 0:
+            raise ValueError("chunked_prefill_size must be >= 0")
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")

@@ -1,0 +1,128 @@
+"""The replay input: a request stream as flat token arrays with offsets (the Arrow list layout)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in arrival order; request i's prompt is ``prompt_tokens[prompt_offsets[i]:prompt_offsets[i+1]]``.
+
+    Conventions every cache model relies on:
+
+    - Token ids are int32. Real vocabulary ids are >= 0. Tokens the log does not know (an output of
+      known length but unknown text) are unique negative ids, so they never match anything.
+    - Every request has at least one output token: the engine always samples one. The last output
+      token's KV is never computed by decode (an engine may still cache it, see ``stop_finish``).
+    - ``namespace`` groups requests that may share cache entries: equal ids share, different ids
+      never do (a ``cache_salt``, a LoRA adapter, or both). 0 is the default namespace.
+    - ``stop_finish`` is True when the request ended on a stop token / EOS and False when it hit
+      ``max_tokens`` (SGLang's overlap scheduler caches one more output token on a stop).
+    - ``arrival_s`` is the arrival time in seconds (None when the log has no timestamps).
+    """
+
+    prompt_tokens: np.ndarray
+    prompt_offsets: np.ndarray
+    output_tokens: np.ndarray
+    output_offsets: np.ndarray
+    namespace: np.ndarray
+    stop_finish: np.ndarray
+    arrival_s: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_offsets) - 1
+        if len(self.output_offsets) != n + 1:
+            raise ValueError("prompt_offsets and output_offsets disagree on the number of requests")
+        if len(self.namespace) != n or len(self.stop_finish) != n:
+            raise ValueError("namespace and stop_finish need one entry per request")
+        if self.arrival_s is not None and len(self.arrival_s) != n:
+            raise ValueError("arrival_s needs one entry per request")
+        if n and (np.diff(self.prompt_offsets).min() < 1 or np.diff(self.output_offsets).min() < 1):
+            raise ValueError("every request needs at least one prompt token and one output token")
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.prompt_offsets) - 1
+
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        return np.diff(self.prompt_offsets)
+
+    @property
+    def output_lengths(self) -> np.ndarray:
+        return np.diff(self.output_offsets)
+
+    def prompt(self, i: int) -> np.ndarray:
+        return self.prompt_tokens[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
+
+    def output(self, i: int) -> np.ndarray:
+        return self.output_tokens[self.output_offsets[i] : self.output_offsets[i + 1]]
+
+    def select(self, indices: np.ndarray) -> Workload:
+        """A new workload holding the requests at ``indices``, in that order."""
+        prompts = [self.prompt(int(i)) for i in indices]
+        outputs = [self.output(int(i)) for i in indices]
+        arrival = None if self.arrival_s is None else self.arrival_s[indices]
+        return Workload.from_arrays(
+            prompts, outputs, self.namespace[indices], self.stop_finish[indices], arrival
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        prompts: Sequence[np.ndarray],
+        outputs: Sequence[np.ndarray],
+        namespace: np.ndarray | Sequence[int] | None = None,
+        stop_finish: np.ndarray | Sequence[bool] | None = None,
+        arrival_s: np.ndarray | Sequence[float] | None = None,
+    ) -> Workload:
+        """Concatenate per-request arrays (the builder for tests and small inputs)."""
+        n = len(prompts)
+        return cls(
+            prompt_tokens=_concat(prompts),
+            prompt_offsets=_offsets(prompts),
+            output_tokens=_concat(outputs),
+            output_offsets=_offsets(outputs),
+            namespace=np.zeros(n, np.int32) if namespace is None else np.asarray(namespace, np.int32),
+            stop_finish=np.ones(n, bool) if stop_finish is None else np.asarray(stop_finish, bool),
+            arrival_s=None if arrival_s is None else np.asarray(arrival_s, np.float64),
+        )
+
+    @classmethod
+    def from_lists(
+        cls,
+        prompts: Sequence[Sequence[int]],
+        outputs: Sequence[Sequence[int] | None] | None = None,
+        namespace: Sequence[int] | None = None,
+        stop_finish: Sequence[bool] | None = None,
+        arrival_s: Sequence[float] | None = None,
+    ) -> Workload:
+        """Build from Python lists; a missing output becomes one unknown (unique negative) token."""
+        outs: list[np.ndarray] = []
+        next_unknown = -1
+        for i in range(len(prompts)):
+            out = None if outputs is None else outputs[i]
+            if out:
+                outs.append(np.asarray(out, np.int32))
+            else:
+                outs.append(np.array([next_unknown], np.int32))
+                next_unknown -= 1
+        return cls.from_arrays(
+            [np.asarray(p, np.int32) for p in prompts], outs, namespace, stop_finish, arrival_s
+        )
+
+
+def _concat(parts: Sequence[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, np.int32)
+    return np.concatenate([np.asarray(p, np.int32) for p in parts])
+
+
+def _offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    offsets = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    return offsets
