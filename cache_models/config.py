@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
 SglangEvictionPolicy = Literal["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
-SGLANG_EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+SGLANG_EVICTION_POLICIES: tuple[str, ...] = typing.get_args(SglangEvictionPolicy)
 
 
 @dataclass(frozen=True)

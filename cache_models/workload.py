@@ -10,7 +10,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests in arrival order; request i's prompt is ``prompt_tokens[prompt_offsets[i]:prompt_offsets[i+1]]``.
+    """Requests in arrival order; request i's prompt is ``prompt_tokens[prompt_offsets[i] :
+    prompt_offsets[i + 1]]``.
 
     Conventions every cache model relies on:
 
@@ -87,7 +88,9 @@ class Workload:
             prompt_offsets=_offsets(prompts),
             output_tokens=_concat(outputs),
             output_offsets=_offsets(outputs),
-            namespace=np.zeros(n, np.int32) if namespace is None else np.asarray(namespace, np.int32),
+            namespace=np.zeros(n, np.int32)
+            if namespace is None
+            else np.asarray(namespace, np.int32),
             stop_finish=np.ones(n, bool) if stop_finish is None else np.asarray(stop_finish, bool),
             arrival_s=None if arrival_s is None else np.asarray(arrival_s, np.float64),
         )

@@ -26,7 +26,7 @@ def random_workload(seed: int, n_requests: int = 80, vocab: int = 50) -> list[Re
     for _ in range(n_requests):
         kind = rng.random()
         if history and kind < 0.30:
-            previous = rng.choice(history)  # next turn: previous prompt + its answer + a new message
+            previous = rng.choice(history)  # the next turn: prompt + answer + message
             prompt = previous["prompt_token_ids"] + previous["output_token_ids"] + tokens(1, 20)
             salt = previous.get("cache_salt")
         elif history and kind < 0.40:
