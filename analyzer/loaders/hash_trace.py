@@ -1,0 +1,61 @@
+"""Hash-id traces (Mooncake): ``{"timestamp": ms, "input_length": n, "output_length": m,
+"hash_ids": [...]}``, one id per block of ``block_size`` prompt tokens, the last block partial.
+
+Each id is expanded into synthetic token ids so that equal ids give equal tokens and different ids
+differ at the block's first token: a block's first token is its id, the others their offset in the
+block. The ids chain (equal id, equal prefix), so this reproduces every match the trace implies and
+puts each divergence at the start of the first differing block, which is all a trace can tell.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from analyzer.errors import BadLine
+from analyzer.loaders.fields import int_list, optional_int, optional_number
+from analyzer.records import Record
+
+DEFAULT_BLOCK_SIZE = 512
+
+
+def matches(obj: dict[str, Any]) -> bool:
+    return "hash_ids" in obj
+
+
+def expand_hash_ids(hash_ids: list[int], input_length: int, block_size: int) -> np.ndarray:
+    """The synthetic prompt tokens of one trace line."""
+    tokens = np.tile(np.arange(block_size, dtype=np.int32), len(hash_ids))[:input_length]
+    tokens[::block_size] = np.asarray(hash_ids, dtype=np.int32)
+    return tokens
+
+
+def parse(
+    obj: dict[str, Any], file: str, line: int, block_size: int = DEFAULT_BLOCK_SIZE
+) -> Record:
+    hash_ids = int_list(obj, "hash_ids", required=True)
+    input_length = optional_int(obj, "input_length")
+    if not hash_ids:
+        raise BadLine("empty hash_ids")
+    if input_length is None:
+        raise BadLine("missing field 'input_length'")
+    if input_length < 1:
+        raise BadLine(f"input_length must be positive, got {input_length}")
+    expected_blocks = -(-input_length // block_size)
+    if len(hash_ids) != expected_blocks:
+        raise BadLine(
+            f"{len(hash_ids)} hash_ids for input_length {input_length}: expected {expected_blocks} "
+            f"blocks of {block_size} tokens (set --hash-block-size)"
+        )
+    output_length = optional_int(obj, "output_length")
+    if output_length is not None and output_length < 0:
+        raise BadLine(f"output_length must be >= 0, got {output_length}")
+    timestamp_ms = optional_number(obj, "timestamp")
+    return Record(
+        file=file,
+        line=line,
+        prompt_token_ids=expand_hash_ids(hash_ids, input_length, block_size),
+        output_length=output_length,
+        arrival_s=None if timestamp_ms is None else timestamp_ms / 1000.0,
+    )
