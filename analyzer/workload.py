@@ -1,0 +1,195 @@
+"""From Records to the columnar Workload: render chats, tokenize in batches, lay tokens out flat."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from analyzer.chat import ChatRenderer
+from analyzer.errors import BadLine, Skip, StrictModeError
+from analyzer.progress import NoProgress, Progress
+from analyzer.records import Record
+from analyzer.tokenizer import Tokenizer
+from cache_models.workload import Workload
+
+BATCH = 4096
+# Finish reasons that mean the request hit max_tokens; anything else ended on a stop token.
+LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens", "model_length"})
+
+
+@dataclass
+class TokenizedLog:
+    """The workload in replay order plus one metadata row per request (same order)."""
+
+    workload: Workload
+    requests: pl.DataFrame
+    skips: list[Skip]
+    from_text: bool
+    assumed_stop_finish: int
+
+
+def build_workload(
+    records: Sequence[Record],
+    tokenizer: Tokenizer,
+    renderer: ChatRenderer,
+    *,
+    strict: bool = False,
+    progress: Progress | None = None,
+) -> TokenizedLog:
+    """Tokenize every record exactly as the server would; records that fail become Skips."""
+    progress = progress or NoProgress()
+    skips: list[Skip] = []
+    kept: list[Record] = []
+    texts: list[str] = []
+    text_index: list[int] = []
+    specials: list[bool] = []
+    for record in records:
+        try:
+            text, add_special = _prompt_text(record, renderer)
+        except BadLine as exc:
+            skip = Skip(record.file, record.line, exc.reason)
+            if strict:
+                raise StrictModeError(skip) from None
+            skips.append(skip)
+            continue
+        if text is not None:
+            text_index.append(len(kept))
+            texts.append(text)
+            specials.append(add_special)
+        kept.append(record)
+
+    prompts: list[np.ndarray | None] = [
+        None if r.prompt_token_ids is None else np.asarray(r.prompt_token_ids, np.int32)
+        for r in kept
+    ]
+    progress.stage("tokenizing prompts", len(texts))
+    for start in range(0, len(texts), BATCH):
+        batch = slice(start, start + BATCH)
+        for add_special in (True, False):
+            chosen = [i for i in range(len(texts))[batch] if specials[i] == add_special]
+            if chosen:
+                encoded = tokenizer.encode_batch(
+                    [texts[i] for i in chosen], add_special_tokens=add_special
+                )
+                for i, ids in zip(chosen, encoded, strict=True):
+                    prompts[text_index[i]] = ids
+        progress.advance(len(texts[batch]))
+
+    outputs = _output_tokens(kept, tokenizer, progress)
+    final: list[int] = []
+    for i, prompt in enumerate(prompts):
+        if prompt is None or len(prompt) == 0:
+            skip = Skip(kept[i].file, kept[i].line, "prompt has no tokens")
+            if strict:
+                raise StrictModeError(skip)
+            skips.append(skip)
+        else:
+            final.append(i)
+    kept = [kept[i] for i in final]
+    prompt_arrays = [prompts[i] for i in final]
+    output_arrays = [outputs[i][0] for i in final]
+    workload = Workload.from_arrays(
+        prompt_arrays,
+        output_arrays,
+        namespace=_namespaces(kept),
+        stop_finish=[_is_stop(r.finish_reason) for r in kept],
+        arrival_s=_arrivals(kept),
+    )
+    requests = pl.DataFrame(
+        {
+            "file": [r.file for r in kept],
+            "line": [r.line for r in kept],
+            "model": [r.model for r in kept],
+            "cache_salt": [r.cache_salt for r in kept],
+            "lora": [r.lora for r in kept],
+            "finish_reason": [r.finish_reason for r in kept],
+            "arrival_s": [r.arrival_s for r in kept],
+            "prompt_tokens": workload.prompt_lengths,
+            "output_tokens": workload.output_lengths,
+            "output_known": [outputs[i][1] for i in final],
+        },
+        schema_overrides={"arrival_s": pl.Float64, "model": pl.String, "lora": pl.String},
+    )
+    return TokenizedLog(
+        workload=workload,
+        requests=requests,
+        skips=skips,
+        from_text=bool(texts),
+        assumed_stop_finish=sum(r.finish_reason is None for r in kept),
+    )
+
+
+def _prompt_text(record: Record, renderer: ChatRenderer) -> tuple[str | None, bool]:
+    """The text to tokenize and whether the tokenizer adds its special tokens (BOS).
+
+    vLLM tokenizes a rendered chat without special tokens (the template holds them) and a
+    completions prompt with them, and so does SGLang.
+    """
+    if record.messages is not None:
+        return renderer.render(record.messages, record.tools, record.arrival_s), False
+    if record.prompt is not None:
+        return record.prompt, True
+    return None, False
+
+
+def _output_tokens(
+    records: Sequence[Record], tokenizer: Tokenizer, progress: Progress
+) -> list[tuple[np.ndarray, bool]]:
+    """Each request's generated tokens and whether they are known.
+
+    Known answer text is tokenized and, for a stop finish, followed by the end-of-turn token the
+    model sampled. A known length without text, or nothing at all (the engine samples at least one
+    token), gives unique negative ids that never match anything.
+    """
+    stop_token = (
+        tokenizer.token_id(tokenizer.special.eos_token or "")
+        if tokenizer.special.eos_token
+        else None
+    )
+    texts = [(i, r.output_text) for i, r in enumerate(records) if r.output_text is not None]
+    encoded: dict[int, np.ndarray] = {}
+    progress.stage("tokenizing answers", len(texts))
+    for start in range(0, len(texts), BATCH):
+        chunk = texts[start : start + BATCH]
+        ids = tokenizer.encode_batch([text for _, text in chunk], add_special_tokens=False)
+        encoded.update((i, row) for (i, _), row in zip(chunk, ids, strict=True))
+        progress.advance(len(chunk))
+
+    next_unknown = -1
+    result: list[tuple[np.ndarray, bool]] = []
+    for i, record in enumerate(records):
+        tokens: np.ndarray | None = None
+        if record.output_token_ids is not None:
+            tokens = np.asarray(record.output_token_ids, np.int32)
+        elif i in encoded:
+            tokens = encoded[i]
+            if _is_stop(record.finish_reason) and stop_token is not None:
+                tokens = np.append(tokens, np.int32(stop_token))
+        if tokens is not None and len(tokens):
+            result.append((tokens, True))
+            continue
+        count = max(1, record.output_length or 1)
+        result.append((np.arange(next_unknown, next_unknown - count, -1, dtype=np.int32), False))
+        next_unknown -= count
+    return result
+
+
+def _is_stop(finish_reason: str | None) -> bool:
+    return finish_reason not in LENGTH_FINISH_REASONS
+
+
+def _namespaces(records: Sequence[Record]) -> np.ndarray:
+    """One id per distinct (cache_salt, LoRA) pair; requests with neither share namespace 0."""
+    ids: dict[tuple[str, str], int] = {("", ""): 0}
+    return np.array(
+        [ids.setdefault((r.cache_salt or "", r.lora or ""), len(ids)) for r in records], np.int32
+    )
+
+
+def _arrivals(records: Sequence[Record]) -> np.ndarray | None:
+    if not records or any(r.arrival_s is None for r in records):
+        return None
+    return np.array([r.arrival_s for r in records], np.float64)
