@@ -1,0 +1,79 @@
+"""Replay a workload through both engines' cache models and the ideal cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzer.progress import NoProgress, Progress
+from cache_models.config import SglangConfig, VllmConfig
+from cache_models.prefix_trie import PrefixTrie, TrieNodes
+from cache_models.result import ReplayResult
+from cache_models.sglang_radix import SglangRadixCache
+from cache_models.vllm_apc import VllmPrefixCache
+from cache_models.workload import Workload
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The engine flags a run replays with (one set shared by the CLI and the report)."""
+
+    block_size: int = 16
+    page_size: int = 1
+    capacity_tokens: int | None = None
+    eviction_policy: str = "lru"
+
+    def vllm(self) -> VllmConfig:
+        return VllmConfig(block_size=self.block_size, capacity_tokens=self.capacity_tokens)
+
+    def sglang(self, page_size: int | None = None) -> SglangConfig:
+        return SglangConfig(
+            page_size=self.page_size if page_size is None else page_size,
+            capacity_tokens=self.capacity_tokens,
+            eviction_policy=self.eviction_policy,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class Replays:
+    """Per-request results, all in the workload's order."""
+
+    vllm: ReplayResult
+    sglang: ReplayResult
+    sglang_page1: ReplayResult  # the same run when page_size is 1
+    ideal: ReplayResult
+    trie: TrieNodes
+
+
+def replay_all(
+    workload: Workload, settings: ReplaySettings, progress: Progress | None = None
+) -> Replays:
+    progress = progress or NoProgress()
+    tokens = int(workload.prompt_lengths.sum())
+    runs = 3 + (settings.page_size != 1)
+    progress.stage("replaying", runs * tokens)
+    vllm = VllmPrefixCache(settings.vllm()).replay(workload)
+    progress.advance(tokens)
+    sglang = SglangRadixCache(settings.sglang()).replay(workload)
+    progress.advance(tokens)
+    sglang_page1 = sglang
+    if settings.page_size != 1:
+        sglang_page1 = SglangRadixCache(settings.sglang(page_size=1)).replay(workload)
+        progress.advance(tokens)
+    trie = PrefixTrie()
+    ideal = trie.replay(workload)
+    progress.advance(tokens)
+    assert trie.nodes is not None
+    return Replays(
+        vllm=vllm, sglang=sglang, sglang_page1=sglang_page1, ideal=ideal, trie=trie.nodes
+    )
+
+
+def hit_rate(hit_tokens: np.ndarray, prompt_lengths: np.ndarray) -> float:
+    total = int(prompt_lengths.sum())
+    return int(hit_tokens.sum()) / total if total else 0.0
+
+
+def mean_request_hit_rate(hit_tokens: np.ndarray, prompt_lengths: np.ndarray) -> float:
+    return float(np.mean(hit_tokens / prompt_lengths)) if len(prompt_lengths) else 0.0
