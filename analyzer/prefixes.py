@@ -18,6 +18,7 @@ class SharedPrefix:
     requests: int
     namespace: int
     first_request: int
+    shared_beyond_parent: int
     tokens: np.ndarray
 
     def padding(self, block_size: int) -> int:
@@ -35,26 +36,43 @@ class SharedPrefix:
 
 
 def shared_prefixes(trie: TrieNodes, *, min_requests: int = 2, top: int = 10) -> list[SharedPrefix]:
-    """The ``top`` shared prefixes by tokens they could serve from cache (length × (requests-1)).
+    """The ``top`` shared prefixes by the tokens they add to the sharing.
 
     A node qualifies when at least ``min_requests`` prompts pass through it and no child keeps all
-    of them (so the prefix is maximal: the requests diverge right after it).
+    of them (the prefix is maximal: the requests diverge right after it). Qualifying prefixes nest
+    (a system prompt, then the same system prompt with a few-shot block); each is scored by the
+    tokens it shares beyond its nearest qualifying ancestor times the requests that reuse them,
+    so a template ranks high and its many small variations do not.
     """
     count = trie.count
     best_child = np.zeros(trie.n_nodes, np.int64)
     np.maximum.at(best_child, trie.parent[1:], count[1:])
-    is_root = trie.parent == 0
-    candidates = np.flatnonzero((count >= min_requests) & (best_child < count) & ~is_root)
-    score = trie.depth[candidates] * (count[candidates] - 1)
-    order = candidates[np.lexsort((candidates, -score))][:top]
+    qualifies = (count >= min_requests) & (best_child < count) & (trie.parent != 0)
+    qualifies[0] = False
+    ancestor = _nearest_qualifying_ancestor(trie.parent, qualifies)
+    candidates = np.flatnonzero(qualifies)
+    beyond = trie.depth[candidates] - trie.depth[ancestor[candidates]]
+    score = beyond * (count[candidates] - 1)
+    ranked = np.lexsort((candidates, -score))[:top]
     return [
         SharedPrefix(
-            node=int(node),
-            length=int(trie.depth[node]),
-            requests=int(count[node]),
-            namespace=int(trie.namespace[node]),
-            first_request=int(trie.first_request[node]),
-            tokens=trie.tokens(int(node)),
+            node=int(candidates[i]),
+            length=int(trie.depth[candidates[i]]),
+            requests=int(count[candidates[i]]),
+            namespace=int(trie.namespace[candidates[i]]),
+            first_request=int(trie.first_request[candidates[i]]),
+            shared_beyond_parent=int(beyond[i]),
+            tokens=trie.tokens(int(candidates[i])),
         )
-        for node in order
+        for i in ranked
     ]
+
+
+def _nearest_qualifying_ancestor(parent: np.ndarray, qualifies: np.ndarray) -> np.ndarray:
+    """For every node, its closest proper ancestor that qualifies (0, the sentinel, if none)."""
+    ancestor = parent.copy()
+    pending = np.flatnonzero((ancestor > 0) & ~qualifies[ancestor])
+    while len(pending):
+        ancestor[pending] = parent[ancestor[pending]]
+        pending = pending[(ancestor[pending] > 0) & ~qualifies[ancestor[pending]]]
+    return ancestor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,6 +67,37 @@ def replay_all(
     assert trie.nodes is not None
     return Replays(
         vllm=vllm, sglang=sglang, sglang_page1=sglang_page1, ideal=ideal, trie=trie.nodes
+    )
+
+
+def arrival_order(workload: Workload) -> np.ndarray | None:
+    """The replay order when the log is not in arrival order (stable by timestamp), else None."""
+    arrival = workload.arrival_s
+    if arrival is None or bool(np.all(np.diff(arrival) >= 0)):
+        return None
+    return np.argsort(arrival, kind="stable")
+
+
+def in_input_order(replays: Replays, order: np.ndarray) -> Replays:
+    """Per-request results of a replay in ``order``, put back in input order."""
+
+    def unpermute(result: ReplayResult) -> ReplayResult:
+        def back(values: np.ndarray) -> np.ndarray:
+            restored = np.empty_like(values)
+            restored[order] = values
+            return restored
+
+        counters = {name: back(values) for name, values in result.counters.items()}
+        return replace(result, hit_tokens=back(result.hit_tokens), counters=counters)
+
+    first = replays.trie.first_request
+    trie = replace(replays.trie, first_request=np.where(first >= 0, order[first], first))
+    return Replays(
+        vllm=unpermute(replays.vllm),
+        sglang=unpermute(replays.sglang),
+        sglang_page1=unpermute(replays.sglang_page1),
+        ideal=unpermute(replays.ideal),
+        trie=trie,
     )
 
 

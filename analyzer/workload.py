@@ -27,6 +27,7 @@ class TokenizedLog:
     workload: Workload
     requests: pl.DataFrame
     skips: list[Skip]
+    namespace_labels: list[str]  # by namespace id; "" is the default namespace
     from_text: bool
     assumed_stop_finish: int
 
@@ -91,10 +92,11 @@ def build_workload(
     kept = [kept[i] for i in final]
     prompt_arrays = [prompts[i] for i in final]
     output_arrays = [outputs[i][0] for i in final]
+    namespace, namespace_labels = _namespaces(kept)
     workload = Workload.from_arrays(
         prompt_arrays,
         output_arrays,
-        namespace=_namespaces(kept),
+        namespace=namespace,
         stop_finish=[_is_stop(r.finish_reason) for r in kept],
         arrival_s=_arrivals(kept),
     )
@@ -117,6 +119,7 @@ def build_workload(
         workload=workload,
         requests=requests,
         skips=skips,
+        namespace_labels=namespace_labels,
         from_text=bool(texts),
         assumed_stop_finish=sum(r.finish_reason is None for r in kept),
     )
@@ -181,12 +184,17 @@ def _is_stop(finish_reason: str | None) -> bool:
     return finish_reason not in LENGTH_FINISH_REASONS
 
 
-def _namespaces(records: Sequence[Record]) -> np.ndarray:
-    """One id per distinct (cache_salt, LoRA) pair; requests with neither share namespace 0."""
+def _namespaces(records: Sequence[Record]) -> tuple[np.ndarray, list[str]]:
+    """One id per distinct (cache_salt, LoRA) pair, and its label; neither is namespace 0 ("")."""
     ids: dict[tuple[str, str], int] = {("", ""): 0}
-    return np.array(
+    namespace = np.array(
         [ids.setdefault((r.cache_salt or "", r.lora or ""), len(ids)) for r in records], np.int32
     )
+    labels = [
+        ", ".join(part for part in (salt and f"cache_salt={salt}", lora and f"lora={lora}") if part)
+        for salt, lora in ids
+    ]
+    return namespace, labels
 
 
 def _arrivals(records: Sequence[Record]) -> np.ndarray | None:

@@ -1,0 +1,258 @@
+"""The analyze pipeline: load -> render -> tokenize -> workload -> replay -> diagnose -> report."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from analyzer.chat import chat_renderer
+from analyzer.errors import PrefixcheckError
+from analyzer.loaders import load_logs
+from analyzer.loaders.hash_trace import DEFAULT_BLOCK_SIZE
+from analyzer.prefixes import SharedPrefix, shared_prefixes
+from analyzer.progress import NoProgress, Progress
+from analyzer.replay import (
+    Replays,
+    ReplaySettings,
+    arrival_order,
+    hit_rate,
+    in_input_order,
+    mean_request_hit_rate,
+    replay_all,
+)
+from analyzer.report import (
+    EngineSummary,
+    PrefixSummary,
+    Recommendation,
+    Report,
+    SkipSummary,
+)
+from analyzer.snippets import snippet
+from analyzer.tokenizer import Tokenizer, load_tokenizer
+from analyzer.workload import TokenizedLog, build_workload
+from cache_models.result import ReplayResult
+
+# A padding recommendation must save at least this share of all prompt tokens.
+MIN_RECOMMENDED_SHARE = 0.002
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    format: str = "auto"
+    tokenizer: str | None = None
+    settings: ReplaySettings = field(default_factory=ReplaySettings)
+    strict: bool = False
+    hash_block_size: int = DEFAULT_BLOCK_SIZE
+    top_prefixes: int = 10
+    redact: bool = False
+
+
+@dataclass(frozen=True)
+class Analysis:
+    report: Report
+    per_request: pl.DataFrame
+
+
+def analyze(
+    paths: list[Path], options: AnalyzeOptions, progress: Progress | None = None
+) -> Analysis:
+    progress = progress or NoProgress()
+    progress.stage("reading logs", None)
+    loaded = load_logs(
+        paths, options.format, strict=options.strict, hash_block_size=options.hash_block_size
+    )
+    if not loaded.records:
+        summary = SkipSummary.of(loaded.skips)
+        detail = f": {summary.examples[0]}" if summary.examples else ""
+        raise PrefixcheckError(f"no requests in the input ({summary.count} lines skipped{detail})")
+    needs_text = any(r.messages is not None or r.prompt is not None for r in loaded.records)
+    tokenizer = load_tokenizer(options.tokenizer) if needs_text or options.tokenizer else None
+    renderer = chat_renderer(
+        tokenizer.chat_template if tokenizer else None,
+        tokenizer.special if tokenizer else load_tokenizer(None).special,
+    )
+    tokenized = build_workload(
+        loaded.records,
+        tokenizer or load_tokenizer(None),
+        renderer,
+        strict=options.strict,
+        progress=progress,
+    )
+    workload = tokenized.workload
+    if workload.n_requests == 0:
+        raise PrefixcheckError("no requests left after tokenization")
+    order = arrival_order(workload)
+    if order is None:
+        replays = replay_all(workload, options.settings, progress)
+    else:
+        replays = in_input_order(
+            replay_all(workload.select(order), options.settings, progress), order
+        )
+
+    hash_trace = "hash-trace" in loaded.formats.values()
+    decoder = tokenizer if tokenizer is not None and not hash_trace else None
+    prefixes = shared_prefixes(replays.trie, top=options.top_prefixes)
+    block_size = options.settings.block_size
+    report = Report(
+        inputs=loaded.formats,
+        tokenizer=tokenizer.name if tokenizer else None,
+        chat_template=renderer.name if any(r.messages for r in loaded.records) else None,
+        replay_mode="sequential",
+        requests=workload.n_requests,
+        prompt_tokens=int(workload.prompt_lengths.sum()),
+        output_tokens=int(workload.output_lengths.sum()),
+        skipped=SkipSummary.of(loaded.skips + tokenized.skips),
+        engines={
+            "vllm": _summary(
+                replays.vllm,
+                workload.prompt_lengths,
+                f"vLLM (block {block_size})",
+                asdict(options.settings.vllm()),
+            ),
+            "sglang": _summary(
+                replays.sglang,
+                workload.prompt_lengths,
+                f"SGLang (page {options.settings.page_size}, {options.settings.eviction_policy})",
+                asdict(options.settings.sglang()),
+            ),
+        },
+        ceiling=_summary(
+            replays.ideal,
+            workload.prompt_lengths,
+            "ceiling (unbounded, token-exact)",
+            {"capacity_tokens": None, "granularity": 1},
+        ),
+        alignment_loss_tokens=replays.sglang_page1.total_hit_tokens - replays.vllm.total_hit_tokens,
+        block_size=block_size,
+        shared_prefixes=[
+            _prefix_summary(prefix, block_size, decoder, options.redact, tokenized)
+            for prefix in prefixes
+        ],
+        recommendations=_padding_recommendations(prefixes, block_size, workload.prompt_lengths),
+        notes=_notes(tokenized, hash_trace, options.hash_block_size)
+        + (
+            ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
+            if order is not None
+            else []
+        ),
+    )
+    return Analysis(report=report, per_request=_per_request(tokenized, replays))
+
+
+def _summary(
+    result: ReplayResult, prompt_lengths: np.ndarray, label: str, config: dict
+) -> EngineSummary:
+    return EngineSummary(
+        engine=result.engine,
+        label=label,
+        config=config,
+        hit_tokens=result.total_hit_tokens,
+        hit_rate=hit_rate(result.hit_tokens, prompt_lengths),
+        mean_request_hit_rate=mean_request_hit_rate(result.hit_tokens, prompt_lengths),
+        metrics=dict(result.metrics),
+        counters={name: int(values.sum()) for name, values in result.counters.items()},
+    )
+
+
+def _prefix_summary(
+    prefix: SharedPrefix,
+    block_size: int,
+    decoder: Tokenizer | None,
+    redact: bool,
+    tokenized: TokenizedLog,
+) -> PrefixSummary:
+    return PrefixSummary(
+        tokens=prefix.length,
+        remainder=prefix.length % block_size,
+        requests=prefix.requests,
+        namespace=tokenized.namespace_labels[prefix.namespace],
+        padding=prefix.padding(block_size),
+        recompute_saved_per_request=prefix.recompute_saved_per_request(block_size),
+        snippet=None if redact else snippet(prefix.tokens, decoder),
+    )
+
+
+def _padding_recommendations(
+    prefixes: list[SharedPrefix], block_size: int, prompt_lengths: np.ndarray
+) -> list[Recommendation]:
+    """Pad unaligned shared prefixes to the block size, where that saves a noticeable share of the
+    prompt tokens (an estimate: the prefix's remainder, for every request after the first).
+
+    Only prefixes of at least one block count: a shorter one is a common opening of different
+    prompts (a role header), not a template. The same text under several namespaces (tenant
+    salts) is one recommendation.
+    """
+    merged: dict[bytes, SharedPrefix] = {}
+    for prefix in prefixes:
+        key = prefix.tokens.tobytes()
+        if key in merged:
+            merged[key] = replace(merged[key], requests=merged[key].requests + prefix.requests)
+        else:
+            merged[key] = prefix
+    floor = MIN_RECOMMENDED_SHARE * int(prompt_lengths.sum())
+    items = []
+    for prefix in merged.values():
+        saved = prefix.recompute_saved_per_request(block_size)
+        padding = prefix.padding(block_size)
+        later_requests = prefix.requests - 1
+        if prefix.length < block_size or saved * later_requests - padding < floor:
+            continue
+        items.append(
+            Recommendation(
+                kind="pad_prefix",
+                summary=(
+                    f"Pad the {prefix.length}-token prefix shared by {prefix.requests} requests "
+                    f"with {padding} tokens to {prefix.length + padding} (a multiple of "
+                    f"{block_size}): each later request recomputes {saved} fewer tokens on vLLM."
+                ),
+                details={
+                    "prefix_tokens": prefix.length,
+                    "padding_tokens": padding,
+                    "insert_at_token": prefix.length,
+                    "requests": prefix.requests,
+                    "recompute_saved_per_request": saved,
+                    "estimated_recompute_saved": saved * later_requests,
+                },
+            )
+        )
+    return items
+
+
+def _notes(tokenized: TokenizedLog, hash_trace: bool, hash_block_size: int) -> list[str]:
+    notes = []
+    if tokenized.assumed_stop_finish:
+        notes.append(
+            f"{tokenized.assumed_stop_finish} requests have no finish_reason: replayed as 'stop'."
+        )
+    unknown = int((~tokenized.requests["output_known"]).sum())
+    if unknown:
+        notes.append(
+            f"{unknown} requests have no answer text or tokens: their output tokens are unknown "
+            "and never match a later prompt."
+        )
+    if hash_trace:
+        notes.append(
+            f"Hash-id trace: each id expanded to {hash_block_size} synthetic tokens; prompts "
+            "diverge at the first differing block."
+        )
+    return notes
+
+
+def _per_request(tokenized: TokenizedLog, replays: Replays) -> pl.DataFrame:
+    columns: dict[str, object] = {
+        "request": np.arange(tokenized.workload.n_requests),
+        "file": tokenized.requests["file"],
+        "line": tokenized.requests["line"],
+        "prompt_tokens": tokenized.requests["prompt_tokens"],
+        "output_tokens": tokenized.requests["output_tokens"],
+        "vllm_hit": replays.vllm.hit_tokens,
+        "sglang_hit": replays.sglang.hit_tokens,
+        "ceiling_hit": replays.ideal.hit_tokens,
+    }
+    for result in (replays.vllm, replays.sglang):
+        for name, values in result.counters.items():
+            columns[f"{result.engine}_{name}"] = values
+    return pl.DataFrame(columns)

@@ -1,0 +1,116 @@
+"""The report: one object that every renderer (terminal, JSON, per-request table) reads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from analyzer.errors import Skip
+
+SCHEMA_VERSION = 1
+SKIP_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class EngineSummary:
+    """One engine's replay: hits, rates, the engine's own metrics, and counter totals."""
+
+    engine: str
+    label: str
+    config: dict[str, Any]
+    hit_tokens: int
+    hit_rate: float
+    mean_request_hit_rate: float
+    metrics: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrefixSummary:
+    """A shared prefix as the report shows it."""
+
+    tokens: int
+    remainder: int
+    requests: int
+    namespace: str
+    padding: int
+    recompute_saved_per_request: int
+    snippet: str | None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    kind: str
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class SkipSummary:
+    count: int
+    reasons: dict[str, int]
+    examples: list[str]
+
+    @classmethod
+    def of(cls, skips: list[Skip]) -> SkipSummary:
+        reasons = Counter(_reason_kind(skip.reason) for skip in skips)
+        return cls(
+            count=len(skips),
+            reasons=dict(reasons.most_common()),
+            examples=[str(skip) for skip in skips[:SKIP_EXAMPLES]],
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    inputs: dict[str, str]
+    tokenizer: str | None
+    chat_template: str | None
+    replay_mode: str
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    skipped: SkipSummary
+    engines: dict[str, EngineSummary]
+    ceiling: EngineSummary
+    alignment_loss_tokens: int
+    block_size: int
+    shared_prefixes: list[PrefixSummary]
+    recommendations: list[Recommendation]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The versioned JSON form (stable keys)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "inputs": self.inputs,
+            "tokenizer": self.tokenizer,
+            "chat_template": self.chat_template,
+            "replay_mode": self.replay_mode,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "skipped": asdict(self.skipped),
+            "engines": {name: asdict(summary) for name, summary in self.engines.items()},
+            "ceiling": asdict(self.ceiling),
+            "alignment_loss": {
+                "tokens": self.alignment_loss_tokens,
+                "share_of_prompt_tokens": _share(self.alignment_loss_tokens, self.prompt_tokens),
+                "definition": "SGLang page-size-1 hits minus vLLM hits at the same capacity",
+            },
+            "block_size": self.block_size,
+            "shared_prefixes": [asdict(prefix) for prefix in self.shared_prefixes],
+            "recommendations": [asdict(item) for item in self.recommendations],
+            "notes": self.notes,
+        }
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
+def _reason_kind(reason: str) -> str:
+    """Group reasons that differ only in details (a position, a value) under one heading."""
+    return reason.split(" (", 1)[0]

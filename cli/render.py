@@ -1,0 +1,102 @@
+"""The terminal view of a Report."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from analyzer.report import EngineSummary, Report
+
+
+def render_report(report: Report, console: Console) -> None:
+    console.print(_header(report))
+    if report.skipped.count:
+        console.print(_skipped(report))
+    console.print(_engines(report))
+    if report.shared_prefixes:
+        console.print(_prefixes(report))
+    if report.recommendations:
+        console.print(
+            Panel(
+                Group(*(Text(f"• {item.summary}") for item in report.recommendations)),
+                title="Recommendations",
+                title_align="left",
+                border_style="green",
+            )
+        )
+    for note in report.notes:
+        console.print(Text(f"note: {note}", style="dim"))
+
+
+def _header(report: Report) -> Text:
+    text = Text()
+    text.append("prefixcheck", style="bold")
+    text.append(
+        f"  {report.requests:,} requests, {report.prompt_tokens:,} prompt tokens, "
+        f"{report.output_tokens:,} output tokens; {report.skipped.count:,} lines skipped\n"
+    )
+    text.append(f"  inputs: {', '.join(f'{p} ({f})' for p, f in report.inputs.items())}\n")
+    text.append(f"  tokenizer: {report.tokenizer or 'none (token ids in the log)'}")
+    if report.chat_template:
+        text.append(f"; chat template: {report.chat_template}")
+    text.append(f"; replay: {report.replay_mode}")
+    return text
+
+
+def _skipped(report: Report) -> Table:
+    table = Table(title="Skipped lines", box=box.SIMPLE, title_justify="left")
+    table.add_column("reason")
+    table.add_column("lines", justify="right")
+    for reason, count in report.skipped.reasons.items():
+        table.add_row(reason, f"{count:,}")
+    for example in report.skipped.examples:
+        table.add_row(Text(f"e.g. {example}", style="dim"), "")
+    return table
+
+
+def _engines(report: Report) -> Table:
+    table = Table(title="Prefix-cache hits", box=box.SIMPLE_HEAVY, title_justify="left")
+    table.add_column("engine")
+    table.add_column("hit tokens", justify="right")
+    table.add_column("token hit rate", justify="right")
+    table.add_column("mean per request", justify="right")
+    rows: list[EngineSummary] = [*report.engines.values(), report.ceiling]
+    for summary in rows:
+        style = "dim" if summary is report.ceiling else None
+        table.add_row(
+            summary.label,
+            f"{summary.hit_tokens:,}",
+            f"{summary.hit_rate:.1%}",
+            f"{summary.mean_request_hit_rate:.1%}",
+            style=style,
+        )
+    share = report.alignment_loss_tokens / report.prompt_tokens if report.prompt_tokens else 0.0
+    table.caption = (
+        f"Lost to block alignment (SGLang page-1 hits − vLLM hits): "
+        f"{report.alignment_loss_tokens:,} tokens ({share:.1%} of prompt tokens)"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def _prefixes(report: Report) -> Table:
+    block = report.block_size
+    table = Table(title="Top shared prefixes", box=box.SIMPLE, title_justify="left")
+    for header in ("tokens", f"% {block}", "requests", "pad", "saved/req"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("namespace", no_wrap=True, overflow="ellipsis", max_width=20)
+    table.add_column("snippet", overflow="ellipsis", no_wrap=True, ratio=1)
+    for prefix in report.shared_prefixes:
+        table.add_row(
+            f"{prefix.tokens:,}",
+            str(prefix.remainder),
+            f"{prefix.requests:,}",
+            f"+{prefix.padding}" if prefix.padding else "0",
+            str(prefix.recompute_saved_per_request),
+            prefix.namespace or "-",
+            prefix.snippet if prefix.snippet is not None else "(redacted)",
+        )
+    return table
