@@ -1,0 +1,32 @@
+"""Golden cases computed by vLLM 0.33.0's own KVCacheManager (``tests/golden/gen_vllm_goldens.py``),
+and the loader that turns their requests into a Workload."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+from cache_models.workload import Workload
+
+GOLDEN_DIR = Path(__file__).parent
+
+
+def to_workload(requests: list[dict[str, Any]]) -> Workload:
+    """Requests in the ``--format tokens`` schema; each distinct non-empty salt is a namespace."""
+    salts: dict[str | None, int] = {None: 0}
+    namespace = [salts.setdefault(r.get("cache_salt") or None, len(salts)) for r in requests]
+    return Workload.from_lists(
+        [r["prompt_token_ids"] for r in requests],
+        [r["output_token_ids"] for r in requests],
+        namespace,
+    )
+
+
+def load_golden_files() -> list[dict[str, Any]]:
+    """Every stored workload with its configurations and the oracle's per-request results."""
+    return [
+        json.loads(gzip.decompress(path.read_bytes()))
+        for path in sorted(GOLDEN_DIR.glob("workload_*.json.gz"))
+    ]

@@ -1,0 +1,274 @@
+"""vLLM APC model: the worked cases of docs/vllm-apc.md §9 (checked there against vLLM's own code),
+properties every replay must satisfy, and the numba kernel equal to the reference."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cache_models.config import TimeModel, VllmConfig
+from cache_models.result import ReplayResult
+from cache_models.vllm_apc import VllmPrefixCache
+from cache_models.workload import Workload
+from tests.golden.vllm import to_workload
+from tests.golden.workloads import random_workload
+
+ENGINES = ["reference"]
+
+
+def seq(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def replay(
+    prompts: list[list[int]],
+    outputs: list[list[int] | None] | None = None,
+    *,
+    engine: str,
+    block_size: int = 16,
+    num_blocks: int | None = None,
+    max_in_flight: int = 1,
+    namespace: list[int] | None = None,
+) -> ReplayResult:
+    """Replay with the oracle's conventions: ``num_blocks`` counts vLLM's null block."""
+    config = VllmConfig(
+        block_size=block_size,
+        capacity_tokens=None if num_blocks is None else (num_blocks - 1) * block_size,
+        max_in_flight=max_in_flight,
+    )
+    workload = Workload.from_lists(prompts, outputs, namespace)
+    return VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+
+
+def hits(*args: object, **kwargs: object) -> list[int]:
+    return replay(*args, **kwargs).hit_tokens.tolist()  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- §9 worked cases
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+class TestWorkedCases:
+    def test_partial_block_is_not_cached(self, engine: str) -> None:
+        a = seq(1000, 17)
+        assert hits([a, [*a, 5, 6, 7]], engine=engine) == [0, 16]
+
+    def test_hit_stops_at_last_full_block_before_the_last_token(self, engine: str) -> None:
+        b = seq(2000, 49)
+        assert hits([b, b + [9] * 10], engine=engine) == [0, 48]
+
+    def test_aligned_identical_resend_recomputes_its_last_block(self, engine: str) -> None:
+        c = seq(3000, 32)
+        assert hits([c, c], engine=engine) == [0, 16]
+        assert hits([[*c, 1], [*c, 1]], engine=engine) == [0, 32]
+
+    def test_eviction_takes_the_deepest_block_first(self, engine: str) -> None:
+        a, c = seq(100, 8), seq(200, 8)
+        assert hits([a, c, [*a, 9]], engine=engine, block_size=4, num_blocks=4) == [0, 0, 4]
+
+    def test_lru_order(self, engine: str) -> None:
+        a, c, d = seq(100, 8), seq(200, 8), seq(300, 12)
+        prompts = [a, c, a, d, [*a, 9], [*c, 9]]
+        assert hits(prompts, engine=engine, block_size=4, num_blocks=5) == [0, 0, 4, 0, 4, 0]
+
+    def test_partial_blocks_are_reused_first(self, engine: str) -> None:
+        prompts = [seq(400, 4), seq(500, 6), seq(600, 4), [*seq(400, 4), 9]]
+        assert hits(prompts, engine=engine, block_size=4, num_blocks=4) == [0, 0, 0, 4]
+
+    def test_output_blocks_are_cached_except_the_last_token(self, engine: str) -> None:
+        p = seq(700, 5)
+        prompts = [p, [*p, 1, 2, 3, 9], p, [*p, 1, 2, 3, 9]]
+        outputs = [[1, 2, 3], None, [1, 2, 3, 4], None]
+        assert hits(prompts, outputs, engine=engine, block_size=4) == [0, 4, 4, 8]
+
+    def test_namespaces_never_share(self, engine: str) -> None:
+        s = seq(800, 40)
+        prompts = [s, [*s, 1], [*s, 2], [*s, 3]]
+        assert hits(prompts, engine=engine, namespace=[1, 2, 1, 0]) == [0, 0, 32, 0]
+
+    @pytest.mark.parametrize("max_in_flight", [1, 3])
+    def test_same_step_hits(self, engine: str, max_in_flight: int) -> None:
+        x = seq(900, 32)
+        prompts = [[*x, 1], [*x, 2], [*x, 3]]
+        outputs: list[list[int] | None] = [[5] * 4] * 3
+        result = hits(prompts, outputs, engine=engine, num_blocks=100, max_in_flight=max_in_flight)
+        assert result == [0, 32, 32]
+
+    def test_admitted_in_the_same_step_as_a_sibling(self, engine: str) -> None:
+        x = seq(5000, 64)
+        result = hits([[*x, 1], [*x, 2]], [[7, 7]] * 2, engine=engine, max_in_flight=2)
+        assert result == [0, 64]
+
+    def test_preemption_and_rehit(self, engine: str) -> None:
+        y = seq(1000, 8)
+        prompts = [y, [*y, 1], [*y, 2]]
+        outputs = [seq(50, 12), seq(70, 12), None]
+        result = replay(
+            prompts, outputs, engine=engine, block_size=4, num_blocks=8, max_in_flight=2
+        )
+        assert result.hit_tokens.tolist() == [0, 8, 8]
+        assert result.counters["preemptions"].tolist() == [0, 1, 0]
+        assert result.counters["rehit_tokens"].tolist() == [0, 16, 0]
+        assert result.metrics["vllm:num_preemptions"] == 1
+        # A re-admission is not in the exported metrics.
+        assert result.metrics["vllm:prefix_cache_queries"] == 8 + 9 + 9
+        assert result.metrics["vllm:prefix_cache_hits"] == 16
+
+    def test_a_duplicate_copy_survives_eviction(self, engine: str) -> None:
+        p = seq(100, 8)
+        prompts = [p, p, seq(200, 4), seq(300, 4), [*p, 9]]
+        result = replay(prompts, engine=engine, block_size=4, num_blocks=5)
+        assert result.hit_tokens.tolist() == [0, 4, 0, 0, 8]
+        assert result.counters["duplicate_blocks"].tolist() == [0, 1, 0, 0, 0]
+
+    def test_evicting_both_copies(self, engine: str) -> None:
+        p = seq(100, 8)
+        prompts = [p, p, seq(400, 12), [*p, 9]]
+        assert hits(prompts, engine=engine, block_size=4, num_blocks=5) == [0, 4, 0, 4]
+
+
+# ---------------------------------------------------------------- counters and edge cases
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+class TestCounters:
+    def test_inserted_blocks_cover_prompt_and_all_outputs_but_the_last(self, engine: str) -> None:
+        result = replay([seq(0, 10)], [seq(100, 7)], engine=engine, block_size=4)
+        assert result.counters["inserted_blocks"].tolist() == [(10 + 7 - 1) // 4]
+
+    def test_evictions_are_charged_to_the_request_that_evicts(self, engine: str) -> None:
+        result = replay([seq(0, 8), seq(100, 8)], engine=engine, block_size=4, num_blocks=3)
+        # Two usable blocks: B's prompt takes both of A's cached blocks.
+        assert result.counters["evicted_blocks"].tolist() == [0, 2]
+        assert result.counters["evicted_tokens"].tolist() == [0, 8]
+
+    def test_unbounded_never_evicts(self, engine: str) -> None:
+        workload = to_workload(random_workload(3, 60))
+        result = VllmPrefixCache(VllmConfig(block_size=4), engine=engine).replay(workload)  # type: ignore[arg-type]
+        assert not result.counters["evicted_blocks"].any()
+
+    def test_a_request_that_can_never_fit_is_rejected(self, engine: str) -> None:
+        a = seq(0, 8)
+        prompts = [a, seq(100, 20), [*a, 1]]
+        result = replay(prompts, engine=engine, block_size=4, num_blocks=4)
+        assert result.hit_tokens.tolist() == [0, 0, 8]  # the rejected one evicted nothing
+        assert result.counters["rejected"].tolist() == [0, 1, 0]
+        assert result.counters["inserted_blocks"][1] == 0
+        assert result.metrics["vllm:prefix_cache_queries"] == 8 + 9
+
+    def test_rejected_by_its_outputs(self, engine: str) -> None:
+        # Two usable blocks of 4: the peak 6 + 3 - 1 = 8 tokens fits, 6 + 4 - 1 = 9 does not.
+        fits = replay([seq(0, 6)], [seq(50, 3)], engine=engine, block_size=4, num_blocks=3)
+        too_big = replay([seq(0, 6)], [seq(50, 4)], engine=engine, block_size=4, num_blocks=3)
+        assert fits.counters["rejected"].tolist() == [0]
+        assert too_big.counters["rejected"].tolist() == [1]
+
+    def test_metrics_total_the_first_admissions(self, engine: str) -> None:
+        workload = to_workload(random_workload(5, 80))
+        config = VllmConfig(block_size=16, capacity_tokens=16 * 40, max_in_flight=4)
+        result = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+        assert result.engine == "vllm"
+        assert result.metrics["vllm:prefix_cache_queries"] == workload.prompt_lengths.sum()
+        assert result.metrics["vllm:prefix_cache_hits"] == result.hit_tokens.sum()
+        assert result.hit_tokens.dtype == np.int64
+        assert all(v.dtype == np.int64 for v in result.counters.values())
+
+
+# ---------------------------------------------------------------- properties
+
+
+def random_workloads() -> list[Workload]:
+    return [to_workload(random_workload(seed, 70)) for seed in range(100, 106)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_hit_bounds(engine: str, block_size: int) -> None:
+    for workload in random_workloads():
+        for capacity in (None, 40 * block_size):
+            config = VllmConfig(block_size=block_size, capacity_tokens=capacity, max_in_flight=2)
+            hit = VllmPrefixCache(config, engine=engine).replay(workload).hit_tokens  # type: ignore[arg-type]
+            assert (hit % block_size == 0).all()
+            assert (hit <= (workload.prompt_lengths - 1) // block_size * block_size).all()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_unbounded_hits_never_below_bounded(engine: str) -> None:
+    for workload in random_workloads():
+        unbounded = VllmPrefixCache(VllmConfig(block_size=4), engine=engine).replay(workload)  # type: ignore[arg-type]
+        for blocks in (20, 60, 200):
+            config = VllmConfig(block_size=4, capacity_tokens=4 * blocks)
+            bounded = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+            assert (bounded.hit_tokens <= unbounded.hit_tokens).all()
+        assert unbounded.total_hit_tokens > 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_namespaces_isolate(engine: str) -> None:
+    workload = to_workload(random_workload(7, 80))
+    config = VllmConfig(block_size=4)
+    cache = VllmPrefixCache(config, engine=engine)  # type: ignore[arg-type]
+    together = cache.replay(workload).hit_tokens
+    assert together.sum() > 0
+    # Replaying each namespace alone gives the same hits: nothing is shared across them.
+    alone = np.zeros_like(together)
+    for ns in np.unique(workload.namespace):
+        index = np.flatnonzero(workload.namespace == ns)
+        alone[index] = cache.replay(workload.select(index)).hit_tokens
+    np.testing.assert_array_equal(together, alone)
+    # Renaming namespaces changes nothing; a namespace per request removes every hit.
+    renamed = replace(workload, namespace=workload.namespace * 7 - 3)
+    np.testing.assert_array_equal(cache.replay(renamed).hit_tokens, together)
+    isolated = replace(workload, namespace=np.arange(workload.n_requests, dtype=np.int32))
+    assert cache.replay(isolated).total_hit_tokens == 0
+
+
+# ---------------------------------------------------------------- arrival-time replay
+
+
+def with_arrivals(workload: Workload, arrival_s: np.ndarray) -> Workload:
+    return replace(workload, arrival_s=np.asarray(arrival_s, np.float64))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("capacity", [None, 4 * 60])
+def test_time_model_reduces_to_sequential(engine: str, capacity: int | None) -> None:
+    workload = to_workload(random_workload(11, 80))
+    sequential = VllmConfig(block_size=4, capacity_tokens=capacity)
+    expected = VllmPrefixCache(sequential, engine=engine).replay(workload)  # type: ignore[arg-type]
+    timed = replace(sequential, max_in_flight=8, time_model=TimeModel())
+    # Far apart: each request finishes long before the next arrives.
+    far = with_arrivals(workload, np.arange(workload.n_requests) * 1e4)
+    result = VllmPrefixCache(timed, engine=engine).replay(far)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(result.hit_tokens, expected.hit_tokens)
+    for name, values in expected.counters.items():
+        np.testing.assert_array_equal(result.counters[name], values, err_msg=name)
+    # One in flight: arrival times no longer matter.
+    one = replace(timed, max_in_flight=1)
+    burst = with_arrivals(workload, np.zeros(workload.n_requests))
+    result = VllmPrefixCache(one, engine=engine).replay(burst)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(result.hit_tokens, expected.hit_tokens)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_time_model_holds_blocks_until_finish(engine: str) -> None:
+    prompt, output = seq(0, 8), seq(100, 8)
+    follow_up = [*prompt, *output, 9]
+    workload = Workload.from_lists([prompt, follow_up], [output, None], arrival_s=[0.0, 0.0])
+    config = VllmConfig(block_size=4, max_in_flight=4, time_model=TimeModel())
+    # Both run at once: the first's outputs are not cached yet, only its prompt blocks hit.
+    assert VllmPrefixCache(config, engine=engine).replay(workload).hit_tokens.tolist() == [0, 8]  # type: ignore[arg-type]
+    # 6 blocks: the first holds 4, the second needs 3 more than the 2 free, so it waits for the
+    # first to finish and then also hits its first output block (the last output is not cached).
+    tight = replace(config, capacity_tokens=4 * 6)
+    result = VllmPrefixCache(tight, engine=engine).replay(workload)  # type: ignore[arg-type]
+    assert result.hit_tokens.tolist() == [0, 12]
+    assert result.counters["inserted_blocks"].tolist() == [3, 1]
+
+
+def test_time_model_needs_arrivals() -> None:
+    config = VllmConfig(time_model=TimeModel())
+    with pytest.raises(ValueError, match="arrival_s"):
+        VllmPrefixCache(config).replay(Workload.from_lists([[1, 2, 3]]))
