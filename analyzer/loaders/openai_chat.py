@@ -58,7 +58,7 @@ def _messages(value: Any) -> list[Message]:
         role = message.get("role")
         if role not in ROLES:
             raise BadLine(
-                f"messages[{position}] has role {role!r}, expected one of {sorted(ROLES)}"
+                f"messages[{position}] has unknown role {role!r} (expected one of {sorted(ROLES)})"
             )
         content = message.get("content")
         if content is None and not message.get("tool_calls"):

@@ -1,0 +1,101 @@
+"""Tokenizers: the offline Qwen2.5 default gives Qwen2.5's ids; tokenizer.json files and model
+folders load with their special tokens and chat template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from analyzer.errors import PrefixcheckError
+from analyzer.tokenizer import load_tokenizer
+
+
+def test_default_is_qwen25() -> None:
+    tokenizer = load_tokenizer(None)
+    assert "qwen2.5" in tokenizer.name
+    # Reference ids from Qwen/Qwen2.5-7B-Instruct's tokenizer.json.
+    hello, chat = tokenizer.encode_batch(
+        ["Hello world", "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"],
+        add_special_tokens=True,
+    )
+    assert hello.tolist() == [9707, 1879]
+    assert chat.tolist() == [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198]
+    assert tokenizer.token_id("<|im_end|>") == 151645
+    assert tokenizer.token_id("<tool_call>") == 151657
+    assert tokenizer.special.eos_token == "<|im_end|>"
+
+
+def test_default_normalizes_to_nfc_and_round_trips() -> None:
+    tokenizer = load_tokenizer("qwen2.5")
+    composed, decomposed = tokenizer.encode_batch(["café", "cafe\u0301"], add_special_tokens=False)
+    assert composed.tolist() == decomposed.tolist()
+    assert tokenizer.decode(composed) == "café"
+
+
+def make_model_folder(folder: Path, config: dict) -> Path:
+    folder.mkdir()
+    backend = BackendTokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<unk>", "<s>", "</s>", "<|user|>", "<|bot|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(["hello world, the cache is warm"] * 50, trainer=trainer)
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_model_folder_with_config(tmp_path: Path) -> None:
+    folder = make_model_folder(
+        tmp_path / "model",
+        {
+            "bos_token": {"content": "<s>", "special": True},
+            "eos_token": "</s>",
+            "chat_template": "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}"
+            "{% endfor %}",
+        },
+    )
+    tokenizer = load_tokenizer(str(folder))
+    assert (tokenizer.special.bos_token, tokenizer.special.eos_token) == ("<s>", "</s>")
+    assert tokenizer.chat_template is not None
+    (ids,) = tokenizer.encode_batch(["<s><|user|>hello world"], add_special_tokens=False)
+    assert ids[:2].tolist() == [tokenizer.token_id("<s>"), tokenizer.token_id("<|user|>")]
+    assert tokenizer.decode(ids) == "<s><|user|>hello world"
+
+
+def test_tokenizer_json_file(tmp_path: Path) -> None:
+    folder = make_model_folder(tmp_path / "m", {})
+    tokenizer = load_tokenizer(str(folder / "tokenizer.json"))
+    (ids,) = tokenizer.encode_batch(["the cache"], add_special_tokens=False)
+    assert tokenizer.decode(ids) == "the cache"
+    assert tokenizer.chat_template is None
+
+
+def test_named_chat_templates(tmp_path: Path) -> None:
+    folder = make_model_folder(
+        tmp_path / "m",
+        {
+            "chat_template": [
+                {"name": "default", "template": "A"},
+                {"name": "tool_use", "template": "B"},
+            ]
+        },
+    )
+    assert load_tokenizer(str(folder)).chat_template == {"default": "A", "tool_use": "B"}
+
+
+def test_folder_without_tokenizer_json(tmp_path: Path) -> None:
+    with pytest.raises(PrefixcheckError, match=r"no tokenizer\.json"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_missing_path_is_not_sent_to_the_hub(tmp_path: Path) -> None:
+    with pytest.raises(PrefixcheckError, match="no such tokenizer file or folder"):
+        load_tokenizer(str(tmp_path / "nope" / "tokenizer.json"))
