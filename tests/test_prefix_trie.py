@@ -1,0 +1,90 @@
+"""The prefix trie: its ceiling equals a brute-force longest-common-prefix search, and its counts
+find the planted shared prefixes."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from analyzer.prefixes import shared_prefixes
+from cache_models.prefix_trie import PrefixTrie
+from cache_models.workload import Workload
+from tests.golden.workloads import random_workload
+
+
+def brute_force_ceiling(workload: Workload) -> list[int]:
+    cached: list[tuple[int, list[int]]] = []
+    hits = []
+    for i in range(workload.n_requests):
+        prompt = workload.prompt(i).tolist()
+        limit = len(prompt) - 1
+        best = 0
+        for namespace, sequence in cached:
+            if namespace != workload.namespace[i]:
+                continue
+            n = 0
+            while n < min(limit, len(sequence)) and sequence[n] == prompt[n]:
+                n += 1
+            best = max(best, n)
+        hits.append(best)
+        output = workload.output(i).tolist()
+        sequence = prompt + (output if workload.stop_finish[i] else output[:-1])
+        known = next((k for k, t in enumerate(sequence) if t < 0), len(sequence))
+        cached.append((int(workload.namespace[i]), sequence[:known]))
+    return hits
+
+
+def to_workload(requests: list[dict]) -> Workload:
+    salts: dict[str | None, int] = {None: 0}
+    return Workload.from_lists(
+        [r["prompt_token_ids"] for r in requests],
+        [r["output_token_ids"] for r in requests],
+        namespace=[salts.setdefault(r.get("cache_salt"), len(salts)) for r in requests],
+        stop_finish=[r["finish_reason"] == "stop" for r in requests],
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ceiling_equals_brute_force(seed: int) -> None:
+    workload = to_workload(random_workload(seed, n_requests=120, vocab=6))
+    result = PrefixTrie().replay(workload)
+    assert result.hit_tokens.tolist() == brute_force_ceiling(workload)
+
+
+def test_unknown_outputs_never_match() -> None:
+    workload = Workload.from_lists([[1, 2, 3], [1, 2, 3, -1, 5]], [None, [9]])
+    # The second prompt cannot contain -1 in a real log; even so, -1 tokens are never stored.
+    assert PrefixTrie().replay(workload).hit_tokens.tolist() == [0, 3]
+
+
+def test_counts_and_shared_prefixes_find_planted_templates() -> None:
+    rng = random.Random(3)
+    system = [rng.randrange(1000, 2000) for _ in range(37)]
+    few_shot = [rng.randrange(2000, 3000) for _ in range(20)]
+    prompts = []
+    for i in range(60):
+        body = [rng.randrange(3000, 9000) for _ in range(rng.randrange(5, 15))]
+        prompts.append(system + (few_shot if i % 3 == 0 else []) + body)
+    trie = PrefixTrie()
+    trie.replay(Workload.from_lists(prompts))
+    assert trie.nodes is not None
+    found = {(p.length, p.requests) for p in shared_prefixes(trie.nodes, top=5)}
+    assert (37, 60) in found
+    assert (57, 20) in found
+    top = shared_prefixes(trie.nodes, top=1)[0]
+    assert np.array_equal(top.tokens, system)
+    assert top.first_request == 0
+    assert top.padding(16) == 11
+    assert top.recompute_saved_per_request(16) == 5
+
+
+def test_namespaces_keep_prefixes_apart() -> None:
+    prompts = [[1, 2, 3, 4, 10 + i] for i in range(6)]
+    trie = PrefixTrie()
+    result = trie.replay(Workload.from_lists(prompts, namespace=[0, 1, 0, 1, 0, 1]))
+    assert result.hit_tokens.tolist() == [0, 0, 4, 4, 4, 4]
+    assert trie.nodes is not None
+    found = sorted((p.namespace, p.length, p.requests) for p in shared_prefixes(trie.nodes))
+    assert found == [(0, 4, 3), (1, 4, 3)]
