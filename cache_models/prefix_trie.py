@@ -79,7 +79,7 @@ def _key(node: int, token: int) -> int:
 @njit(cache=True)
 def _child(children, node: int, token: int) -> int:
     key = _key(node, token)
-    return children[key] if key in children else _NO_CHILD
+    return children[key] if key in children else _NO_CHILD  # noqa: SIM401 (numba: .get is Optional)
 
 
 @njit(cache=True)
