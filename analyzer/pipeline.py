@@ -52,8 +52,12 @@ class AnalyzeOptions:
 
 @dataclass(frozen=True)
 class Analysis:
+    """The report, the per-request table, and what they were computed from (input order)."""
+
     report: Report
     per_request: pl.DataFrame
+    tokenized: TokenizedLog
+    replays: Replays
 
 
 def analyze(
@@ -139,7 +143,12 @@ def analyze(
             else []
         ),
     )
-    return Analysis(report=report, per_request=_per_request(tokenized, replays))
+    return Analysis(
+        report=report,
+        per_request=_per_request(tokenized, replays),
+        tokenized=tokenized,
+        replays=replays,
+    )
 
 
 def _summary(
