@@ -178,6 +178,7 @@ def _prefix_summary(
         remainder=prefix.length % block_size,
         requests=prefix.requests,
         namespace=tokenized.namespace_labels[prefix.namespace],
+        fingerprint=prefix.fingerprint(tokenized.namespace_labels[prefix.namespace]),
         padding=prefix.padding(block_size),
         recompute_saved_per_request=prefix.recompute_saved_per_request(block_size),
         snippet=None if redact else snippet(prefix.tokens, decoder),

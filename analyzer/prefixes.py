@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from cache_models.prefix_trie import TrieNodes
+
+FINGERPRINT_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,12 @@ class SharedPrefix:
     first_request: int
     shared_beyond_parent: int
     tokens: np.ndarray
+
+    def fingerprint(self, namespace_label: str) -> str:
+        """A stable id for the template across runs: a hash of its head and namespace, so a
+        template that grows or shrinks at its end keeps its fingerprint."""
+        head = self.tokens[:FINGERPRINT_TOKENS].astype("<i4").tobytes()
+        return hashlib.sha256(head + namespace_label.encode()).hexdigest()[:16]
 
     def padding(self, block_size: int) -> int:
         """Tokens to append so the prefix ends on a block boundary."""

@@ -34,6 +34,8 @@ class PrefixSummary:
     remainder: int
     requests: int
     namespace: str
+    # Identifies a template across runs (hash of its first tokens and namespace) for `compare`.
+    fingerprint: str
     padding: int
     recompute_saved_per_request: int
     snippet: str | None
