@@ -7,7 +7,7 @@ import contextlib
 import copy
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -84,7 +84,7 @@ assistant.<|im_end|>\\n' }}
 """
 # Templates that call strftime_now() get this date when the request has no timestamp, so the
 # same log always renders the same prompts.
-FALLBACK_DATE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+FALLBACK_DATE = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _tojson(
@@ -136,7 +136,7 @@ class ChatRenderer:
         template = templates.get("tool_use") if tools and "tool_use" in templates else None
         template = template or templates.get("default") or next(iter(templates.values()))
         when = (
-            FALLBACK_DATE if arrival_s is None else datetime.fromtimestamp(arrival_s, timezone.utc)
+            FALLBACK_DATE if arrival_s is None else datetime.fromtimestamp(arrival_s, UTC)
         )
         try:
             return template.render(

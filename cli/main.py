@@ -12,15 +12,17 @@ from rich.console import Console
 
 from analyzer.errors import PrefixcheckError
 from analyzer.export import write_table
+from analyzer.gates import LossLimit, evaluate_gates
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
 from cache_models.config import SGLANG_EVICTION_POLICIES
+from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
+from cli.compare import compare_command
+from cli.config import default_map, find_config
+from cli.lint import lint_command
+from cli.outputs import junit_xml, markdown, publish_to_github
 from cli.progress import RichProgress
-from cli.render import render_report
-
-EXIT_GATE_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+from cli.render import render_gates, render_report
 
 app = typer.Typer(
     add_completion=False,
@@ -30,8 +32,29 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="Settings file (default: ./prefixcheck.toml or [tool.prefixcheck] in "
+            "./pyproject.toml); flags override it.",
+        ),
+    ] = None,
+) -> None:
     """prefixcheck: prefix-cache hit rates of your prompt logs, as the engines count them."""
+    path = config or find_config(Path.cwd())
+    if path is None:
+        return
+    assert isinstance(ctx.command, typer.core.TyperGroup)
+    try:
+        ctx.default_map = default_map(path, ctx.command.commands)
+    except PrefixcheckError as exc:
+        fail(Console(stderr=True), str(exc))
+
+
+app.command("compare")(compare_command)
+app.command("lint")(lint_command)
 
 
 @app.command("analyze")
@@ -59,13 +82,26 @@ def analyze_command(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the report as JSON.")
     ] = None,
+    markdown_path: Annotated[
+        Path | None, typer.Option("--markdown", help="Write a Markdown summary (PR comments).")
+    ] = None,
+    junit_path: Annotated[
+        Path | None, typer.Option("--junit", help="Write JUnit XML, one test case per gate.")
+    ] = None,
     per_request: Annotated[
         Path | None, typer.Option(help="Write per-request hits (.jsonl, .csv or .parquet).")
     ] = None,
     fail_under: Annotated[
         float | None,
-        typer.Option(min=0.0, max=1.0, help="Exit 1 when an engine's token hit rate is below."),
+        typer.Option(min=0.0, max=1.0, help="Gate: exit 1 when a token hit rate is below RATE."),
     ] = None,
+    max_loss: Annotated[
+        list[str] | None,
+        typer.Option(help="Gate: KIND=TOKENS or KIND=PERCENT% (e.g. alignment=5%); repeatable."),
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="Engines the gates check: vllm, sglang or both.")
+    ] = "both",
     strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False,
     top: Annotated[int, typer.Option(min=0, help="Shared prefixes to show.")] = 10,
     redact: Annotated[bool, typer.Option(help="Show no prompt text in reports.")] = False,
@@ -75,7 +111,7 @@ def analyze_command(
     console = Console()
     errors = Console(stderr=True)
     if eviction_policy not in SGLANG_EVICTION_POLICIES:
-        _fail(errors, f"unknown --eviction-policy {eviction_policy!r}")
+        fail(errors, f"unknown --eviction-policy {eviction_policy!r}")
     options = AnalyzeOptions(
         format=log_format,
         tokenizer=tokenizer,
@@ -91,40 +127,32 @@ def analyze_command(
         redact=redact,
     )
     try:
+        limits = [LossLimit.parse(text) for text in max_loss or []]
         with RichProgress(errors, enabled=errors.is_terminal and not quiet) as progress:
             result = analyze(files, options, progress)
+        report = result.report.to_dict()
+        gates = evaluate_gates(report, fail_under=fail_under, max_losses=limits, engine=engine)
         if json_path is not None:
-            _write_text(json_path, json.dumps(result.report.to_dict(), indent=2) + "\n")
+            write_text(json_path, json.dumps(report, indent=2) + "\n")
+        if markdown_path is not None:
+            write_text(markdown_path, markdown(report, gates))
+        if junit_path is not None:
+            write_text(junit_path, junit_xml(report, gates))
         if per_request is not None:
             write_table(result.per_request, per_request)
+        annotations = publish_to_github(report, gates)
     except PrefixcheckError as exc:
-        _fail(errors, str(exc))
+        fail(errors, str(exc))
     if not quiet:
         render_report(result.report, console)
-    if fail_under is not None:
-        failing = [
-            f"{summary.label} {summary.hit_rate:.2%}"
-            for summary in result.report.engines.values()
-            if summary.hit_rate < fail_under
-        ]
-        if failing:
-            errors.print(
-                f"prefixcheck: hit rate below --fail-under {fail_under:.2%}: {', '.join(failing)}",
-                highlight=False,
-            )
-            raise typer.Exit(EXIT_GATE_FAILED)
-
-
-def _write_text(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise PrefixcheckError(f"{path}: cannot write: {exc.strerror or exc}") from None
-
-
-def _fail(errors: Console, message: str) -> None:
-    errors.print(f"prefixcheck: error: {message}", highlight=False, markup=False)
-    raise typer.Exit(EXIT_BAD_INPUT)
+        render_gates(gates, console)
+    for line in annotations:
+        print(line)
+    failed = [gate for gate in gates if not gate.passed]
+    if failed:
+        for gate in failed:
+            errors.print(f"prefixcheck: gate failed: {gate.message}", highlight=False, markup=False)
+        raise typer.Exit(EXIT_GATE_FAILED)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from analyzer.gates import GateResult
 from analyzer.report import EngineSummary, Report
 
 
@@ -100,3 +101,9 @@ def _prefixes(report: Report) -> Table:
             prefix.snippet if prefix.snippet is not None else "(redacted)",
         )
     return table
+
+
+def render_gates(gates: list[GateResult], console: Console) -> None:
+    for gate in gates:
+        mark, style = ("PASS", "green") if gate.passed else ("FAIL", "bold red")
+        console.print(Text.assemble((f"{mark} ", style), gate.message))

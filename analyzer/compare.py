@@ -1,0 +1,176 @@
+"""``prefixcheck compare``: what changed between two saved reports (base and head of a PR)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer.errors import PrefixcheckError
+from analyzer.gates import engines_for
+from analyzer.report import SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class EngineChange:
+    engine: str
+    label: str
+    base_hit_rate: float
+    head_hit_rate: float
+
+    @property
+    def drop(self) -> float:
+        """Fall in token hit rate, in rate units (0.02 = two percentage points)."""
+        return self.base_hit_rate - self.head_hit_rate
+
+
+@dataclass(frozen=True)
+class TemplateChange:
+    """A shared prefix present in both reports whose length or alignment changed, or one that
+    appeared or disappeared."""
+
+    fingerprint: str
+    snippet: str | None
+    base_tokens: int | None
+    head_tokens: int | None
+    base_remainder: int | None
+    head_remainder: int | None
+    base_requests: int | None
+    head_requests: int | None
+
+    @property
+    def status(self) -> str:
+        if self.base_tokens is None:
+            return "added"
+        if self.head_tokens is None:
+            return "removed"
+        return "changed"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    engines: list[EngineChange]
+    losses: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    templates: list[TemplateChange] = field(default_factory=list)
+    block_size: int = 16
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "engines": {
+                c.engine: {
+                    "base_hit_rate": c.base_hit_rate,
+                    "head_hit_rate": c.head_hit_rate,
+                    "drop": c.drop,
+                }
+                for c in self.engines
+            },
+            "losses": {
+                engine: {
+                    kind: {"base": b, "head": h, "delta": h - b} for kind, (b, h) in kinds.items()
+                }
+                for engine, kinds in self.losses.items()
+            },
+            "templates": [
+                {
+                    "status": t.status,
+                    "fingerprint": t.fingerprint,
+                    "snippet": t.snippet,
+                    "base_tokens": t.base_tokens,
+                    "head_tokens": t.head_tokens,
+                    "base_remainder": t.base_remainder,
+                    "head_remainder": t.head_remainder,
+                    "base_requests": t.base_requests,
+                    "head_requests": t.head_requests,
+                }
+                for t in self.templates
+            ],
+        }
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PrefixcheckError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise PrefixcheckError(f"{path}: not a JSON report ({exc})") from None
+    if not isinstance(report, dict) or report.get("schema_version") != SCHEMA_VERSION:
+        raise PrefixcheckError(
+            f"{path}: not a prefixcheck report of schema version {SCHEMA_VERSION} "
+            "(write one with `prefixcheck analyze ... --json PATH`)"
+        )
+    return report
+
+
+def compare_reports(base: dict[str, Any], head: dict[str, Any], engine: str = "both") -> Comparison:
+    engines = [
+        EngineChange(
+            engine=name,
+            label=head["engines"][name]["label"],
+            base_hit_rate=base["engines"][name]["hit_rate"],
+            head_hit_rate=head["engines"][name]["hit_rate"],
+        )
+        for name in engines_for(engine)
+    ]
+    losses: dict[str, dict[str, tuple[int, int]]] = {}
+    for name in engines_for(engine):
+        base_losses = base.get("losses", {}).get(name, {})
+        head_losses = head.get("losses", {}).get(name, {})
+        kinds = sorted(set(base_losses) | set(head_losses))
+        losses[name] = {
+            kind: (_tokens(base_losses.get(kind)), _tokens(head_losses.get(kind))) for kind in kinds
+        }
+    return Comparison(
+        engines=engines,
+        losses=losses,
+        templates=_template_changes(
+            base.get("shared_prefixes", []), head.get("shared_prefixes", [])
+        ),
+        block_size=head.get("block_size", 16),
+    )
+
+
+def _tokens(entry: Any) -> int:
+    if entry is None:
+        return 0
+    return int(entry["tokens"] if isinstance(entry, dict) else entry)
+
+
+def _template_changes(base: list[dict], head: list[dict]) -> list[TemplateChange]:
+    """Pair templates by fingerprint (nested templates share one: pair them by length order)."""
+    by_fingerprint: dict[str, tuple[list[dict], list[dict]]] = defaultdict(lambda: ([], []))
+    for prefix in base:
+        by_fingerprint[prefix["fingerprint"]][0].append(prefix)
+    for prefix in head:
+        by_fingerprint[prefix["fingerprint"]][1].append(prefix)
+    changes = []
+    for fingerprint, (olds, news) in by_fingerprint.items():
+        olds.sort(key=lambda p: p["tokens"])
+        news.sort(key=lambda p: p["tokens"])
+        for index in range(max(len(olds), len(news))):
+            old = olds[index] if index < len(olds) else None
+            new = news[index] if index < len(news) else None
+            if (
+                old
+                and new
+                and (old["tokens"], old["remainder"]) == (new["tokens"], new["remainder"])
+            ):
+                continue
+            shown = new or old
+            assert shown is not None
+            changes.append(
+                TemplateChange(
+                    fingerprint=fingerprint,
+                    snippet=shown.get("snippet"),
+                    base_tokens=old and old["tokens"],
+                    head_tokens=new and new["tokens"],
+                    base_remainder=old and old["remainder"],
+                    head_remainder=new and new["remainder"],
+                    base_requests=old and old["requests"],
+                    head_requests=new and new["requests"],
+                )
+            )
+    return changes

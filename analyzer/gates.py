@@ -1,0 +1,114 @@
+"""CI gates: thresholds on a report's hit rates and losses, each a pass or a fail with a reason."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from analyzer.errors import PrefixcheckError
+
+ENGINES = ("vllm", "sglang")
+_LOSS_LIMIT = re.compile(r"^\s*([a-z_]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
+
+
+@dataclass(frozen=True)
+class LossLimit:
+    """``--max-loss KIND=N`` (tokens) or ``KIND=N%`` (share of prompt tokens)."""
+
+    kind: str
+    value: float
+    is_share: bool
+
+    @classmethod
+    def parse(cls, text: str) -> LossLimit:
+        match = _LOSS_LIMIT.match(text)
+        if not match:
+            raise PrefixcheckError(
+                f"--max-loss {text!r}: expected KIND=TOKENS or KIND=PERCENT% (e.g. alignment=5%)"
+            )
+        kind, number, percent = match.groups()
+        value = float(number)
+        if percent and value > 100:
+            raise PrefixcheckError(f"--max-loss {text!r}: a percentage is at most 100%")
+        return cls(kind=kind, value=value / 100 if percent else value, is_share=bool(percent))
+
+    def describe(self) -> str:
+        return (
+            f"{self.kind} <= {self.value:.2%}"
+            if self.is_share
+            else f"{self.kind} <= {self.value:,.0f} tokens"
+        )
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """One check of one engine: its name (a JUnit test case), the measured value, and why."""
+
+    name: str
+    engine: str
+    passed: bool
+    message: str
+
+
+def engines_for(selection: str) -> Sequence[str]:
+    if selection == "both":
+        return ENGINES
+    if selection in ENGINES:
+        return (selection,)
+    raise PrefixcheckError(f"unknown --engine {selection!r}; choose vllm, sglang or both")
+
+
+def evaluate_gates(
+    report: dict[str, Any],
+    *,
+    fail_under: float | None = None,
+    max_losses: Sequence[LossLimit] = (),
+    engine: str = "both",
+) -> list[GateResult]:
+    """Check every gate on every selected engine of a report (its JSON form)."""
+    results: list[GateResult] = []
+    prompt_tokens = report["prompt_tokens"]
+    for name in engines_for(engine):
+        summary = report["engines"][name]
+        label = summary["label"]
+        if fail_under is not None:
+            rate = summary["hit_rate"]
+            passed = rate >= fail_under
+            relation = ">=" if passed else "<"
+            results.append(
+                GateResult(
+                    name=f"{name}: hit rate >= {fail_under:.2%}",
+                    engine=name,
+                    passed=passed,
+                    message=f"{label} token hit rate {rate:.2%} {relation} {fail_under:.2%}",
+                )
+            )
+        for limit in max_losses:
+            tokens = loss_tokens(report, name, limit.kind)
+            value = tokens / prompt_tokens if limit.is_share else tokens
+            passed = value <= limit.value
+            shown = f"{value:.2%}" if limit.is_share else f"{tokens:,} tokens"
+            results.append(
+                GateResult(
+                    name=f"{name}: {limit.kind} loss {limit.describe().split(' ', 1)[1]}",
+                    engine=name,
+                    passed=passed,
+                    message=f"{label} {limit.kind} loss {shown} "
+                    f"({'within' if passed else 'over'} {limit.describe()})",
+                )
+            )
+    return results
+
+
+def loss_tokens(report: dict[str, Any], engine: str, kind: str) -> int:
+    """Tokens an engine lost to one cause, from the report's ``losses`` section."""
+    losses = report.get("losses", {}).get(engine)
+    if losses is None and kind == "alignment":
+        return int(report["alignment_loss"]["tokens"]) if engine == "vllm" else 0
+    if losses is None or kind not in losses:
+        known = sorted(losses or {"alignment": None})
+        raise PrefixcheckError(f"--max-loss: unknown loss {kind!r}; known: {', '.join(known)}")
+    entry = losses[kind]
+    return int(entry["tokens"] if isinstance(entry, dict) else entry)

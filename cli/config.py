@@ -1,0 +1,68 @@
+"""Settings from ``prefixcheck.toml`` or ``[tool.prefixcheck]`` in ``pyproject.toml``; flags win.
+
+Top-level keys are defaults for every command that has that option (``block-size = 32``); a table
+named after a command holds keys for it alone (``[tool.prefixcheck.lint]``). Keys are the long
+flag names, with dashes or underscores.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from analyzer.errors import PrefixcheckError
+
+CONFIG_FILE = "prefixcheck.toml"
+
+
+def find_config(start: Path) -> Path | None:
+    """The config in ``start``: prefixcheck.toml, else pyproject.toml with [tool.prefixcheck]."""
+    if (start / CONFIG_FILE).is_file():
+        return start / CONFIG_FILE
+    pyproject = start / "pyproject.toml"
+    if pyproject.is_file() and "prefixcheck" in _read(pyproject).get("tool", {}):
+        return pyproject
+    return None
+
+
+def default_map(path: Path, commands: dict[str, click.Command]) -> dict[str, dict[str, Any]]:
+    """Click's per-command default map built from the file; unknown keys are errors."""
+    table = _read(path)
+    if path.name == "pyproject.toml":
+        table = table.get("tool", {}).get("prefixcheck", {})
+    shared = {key: value for key, value in table.items() if not isinstance(value, dict)}
+    per_command = {key: value for key, value in table.items() if isinstance(value, dict)}
+    for name in per_command:
+        if name not in commands:
+            raise PrefixcheckError(f"{path}: [{name}] is not a prefixcheck command")
+    defaults: dict[str, dict[str, Any]] = {}
+    known_anywhere: set[str] = set()
+    for name, command in commands.items():
+        params = {p.name for p in command.params if isinstance(p, click.Option) and p.name}
+        known_anywhere |= params
+        values = {_param(key): value for key, value in shared.items() if _param(key) in params}
+        for key, value in per_command.get(name, {}).items():
+            if _param(key) not in params:
+                raise PrefixcheckError(f"{path}: [{name}] has no option {key!r}")
+            values[_param(key)] = value
+        defaults[name] = values
+    for key in shared:
+        if _param(key) not in known_anywhere:
+            raise PrefixcheckError(f"{path}: unknown setting {key!r}")
+    return defaults
+
+
+def _param(key: str) -> str:
+    return key.replace("-", "_")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PrefixcheckError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PrefixcheckError(f"{path}: invalid TOML ({exc})") from None
