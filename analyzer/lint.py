@@ -26,8 +26,9 @@ TEMPLATE_SUFFIXES = (".txt", ".md", ".prompt", ".j2", ".jinja", ".jinja2", ".jso
 PLACEHOLDER = re.compile(
     r"\{\{.*?\}\}|\{%.*?%\}|\$\{[A-Za-z_][\w.]*\}|(?<!\{)\{[A-Za-z_][\w.]*\}(?!\})", re.DOTALL
 )
-# The two fillers whose renderings are compared (different from their first character on).
-FILLERS = ("\u2460", "\u2461")
+# The two fillers whose renderings are compared: word-like, like most placeholder values, and
+# different from their first byte on (so no shared partial-character token).
+FILLERS = ("Xqzj", "Qvxk")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ def compare_command(
                 f"({change.base_hit_rate:.2%} -> {change.head_hit_rate:.2%}), over --max-drop "
                 f"{max_drop:.2%}",
                 highlight=False,
+                soft_wrap=True,
             )
         if dropped:
             raise typer.Exit(EXIT_GATE_FAILED)

@@ -11,8 +11,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import click
-
 from analyzer.errors import PrefixcheckError
 
 CONFIG_FILE = "prefixcheck.toml"
@@ -28,8 +26,8 @@ def find_config(start: Path) -> Path | None:
     return None
 
 
-def default_map(path: Path, commands: dict[str, click.Command]) -> dict[str, dict[str, Any]]:
-    """Click's per-command default map built from the file; unknown keys are errors."""
+def default_map(path: Path, commands: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The per-command default map (click's) built from the file; unknown keys are errors."""
     table = _read(path)
     if path.name == "pyproject.toml":
         table = table.get("tool", {}).get("prefixcheck", {})
@@ -41,22 +39,36 @@ def default_map(path: Path, commands: dict[str, click.Command]) -> dict[str, dic
     defaults: dict[str, dict[str, Any]] = {}
     known_anywhere: set[str] = set()
     for name, command in commands.items():
-        params = {p.name for p in command.params if isinstance(p, click.Option) and p.name}
-        known_anywhere |= params
-        values = {_param(key): value for key, value in shared.items() if _param(key) in params}
+        params = _option_names(command)
+        known_anywhere |= set(params)
+        values = {
+            params[_flag(key)]: value for key, value in shared.items() if _flag(key) in params
+        }
         for key, value in per_command.get(name, {}).items():
-            if _param(key) not in params:
+            if _flag(key) not in params:
                 raise PrefixcheckError(f"{path}: [{name}] has no option {key!r}")
-            values[_param(key)] = value
+            values[params[_flag(key)]] = value
         defaults[name] = values
     for key in shared:
-        if _param(key) not in known_anywhere:
+        if _flag(key) not in known_anywhere:
             raise PrefixcheckError(f"{path}: unknown setting {key!r}")
     return defaults
 
 
-def _param(key: str) -> str:
-    return key.replace("-", "_")
+def _option_names(command: Any) -> dict[str, str]:
+    """Long flag name (``fail-under``, ``json``) -> parameter (``fail_under``, ``json_path``)."""
+    names = {}
+    for param in command.params:
+        if getattr(param, "param_type_name", None) != "option":
+            continue
+        for opt in param.opts:
+            if opt.startswith("--"):
+                names[opt[2:]] = param.name
+    return names
+
+
+def _flag(key: str) -> str:
+    return key.replace("_", "-")
 
 
 def _read(path: Path) -> dict[str, Any]:

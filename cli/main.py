@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,8 @@ from rich.console import Console
 from analyzer.errors import PrefixcheckError
 from analyzer.export import write_table
 from analyzer.gates import LossLimit, evaluate_gates
+from analyzer.measure import MeasureOptions, measurer
+from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
 from cache_models.config import SGLANG_EVICTION_POLICIES
@@ -20,6 +23,7 @@ from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.lint import lint_command
+from cli.measure import logits_mismatch, measure_command
 from cli.outputs import junit_xml, markdown, publish_to_github
 from cli.progress import RichProgress
 from cli.render import render_gates, render_report
@@ -55,6 +59,7 @@ def _root(
 
 app.command("compare")(compare_command)
 app.command("lint")(lint_command)
+app.command("measure")(measure_command)
 
 
 @app.command("analyze")
@@ -106,6 +111,16 @@ def analyze_command(
     top: Annotated[int, typer.Option(min=0, help="Shared prefixes to show.")] = 10,
     redact: Annotated[bool, typer.Option(help="Show no prompt text in reports.")] = False,
     quiet: Annotated[bool, typer.Option(help="No terminal report.")] = False,
+    model_preset: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Model shape of the prefill estimate: {', '.join(PRESETS)} "
+            f"(default {DEFAULT_ESTIMATE_PRESET}; with --measure, tiny on CPU)."
+        ),
+    ] = None,
+    measure: Annotated[
+        bool, typer.Option(help="Also time sampled prefills (gpu extra; see `measure`).")
+    ] = False,
 ) -> None:
     """Replay a prompt log through both engines' prefix caches and report the hits."""
     console = Console()
@@ -125,11 +140,16 @@ def analyze_command(
         hash_block_size=hash_block_size,
         top_prefixes=top,
         redact=redact,
+        model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
     )
     try:
         limits = [LossLimit.parse(text) for text in max_loss or []]
+        measure_with = measurer(MeasureOptions(model_preset=model_preset)) if measure else None
         with RichProgress(errors, enabled=errors.is_terminal and not quiet) as progress:
             result = analyze(files, options, progress)
+            if measure_with is not None:
+                measured = measure_with(result, progress)
+                result = replace(result, report=replace(result.report, measurement=measured))
         report = result.report.to_dict()
         gates = evaluate_gates(report, fail_under=fail_under, max_losses=limits, engine=engine)
         if json_path is not None:
@@ -149,9 +169,15 @@ def analyze_command(
     for line in annotations:
         print(line)
     failed = [gate for gate in gates if not gate.passed]
-    if failed:
-        for gate in failed:
-            errors.print(f"prefixcheck: gate failed: {gate.message}", highlight=False, markup=False)
+    for gate in failed:
+        errors.print(
+            f"prefixcheck: gate failed: {gate.message}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    measurement = result.report.measurement
+    if failed or (measurement is not None and logits_mismatch(measurement, errors)):
         raise typer.Exit(EXIT_GATE_FAILED)
 
 

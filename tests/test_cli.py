@@ -45,7 +45,7 @@ def test_example_log_end_to_end(tmp_path: Path) -> None:
     assert isinstance(report["recommendations"], list)
     prefixes = report["shared_prefixes"]
     assert prefixes and all(p["remainder"] == p["tokens"] % 16 for p in prefixes)
-    assert any("Acme Cloud" in (p["snippet"] or "") for p in prefixes)
+    assert any("You are the support assistant" in (p["snippet"] or "") for p in prefixes)
     table = pl.read_parquet(table_path)
     assert table.height == 600
     assert table["vllm_hit"].sum() == vllm["hit_tokens"]
@@ -134,7 +134,8 @@ def test_fail_under_gate(tmp_path: Path) -> None:
     assert run(log, "--fail-under", "0.3", "--quiet").exit_code == 0
     failed = run(log, "--fail-under", "0.5", "--quiet")
     assert failed.exit_code == 1
-    assert "below --fail-under 50.00%" in failed.output
+    assert "gate failed: vLLM (block 16) token hit rate 40.00% < 50.00%" in failed.output
+    assert "gate failed: SGLang (page 1, lru) token hit rate 48.75% < 50.00%" in failed.output
 
 
 def test_redact_hides_snippets(tmp_path: Path) -> None:

@@ -1,0 +1,66 @@
+"""``prefixcheck compare``: reports where a template grew by one token across a block boundary."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+
+
+def write_log(path: Path, system_tokens: int) -> Path:
+    rng = random.Random(0)
+    system = list(range(1000, 1000 + system_tokens))
+    # Each question starts with its own token, so the system prompt is the only shared prefix.
+    lines = [
+        {"prompt_token_ids": system + [5000 + i] + [rng.randrange(6000, 9000) for _ in range(20)]}
+        for i in range(50)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def report(tmp_path: Path, name: str, system_tokens: int) -> Path:
+    out = tmp_path / f"{name}.json"
+    log = write_log(tmp_path / f"{name}.jsonl", system_tokens)
+    result = runner.invoke(app, ["analyze", str(log), "--json", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_template_grown_across_a_block_boundary(tmp_path: Path) -> None:
+    base = report(tmp_path, "base", 48)  # three full blocks: every later request hits 48
+    head = report(tmp_path, "head", 49)  # one token more: still 48 hit, one more recomputed
+    diff_path = tmp_path / "diff.json"
+    result = runner.invoke(
+        app, ["compare", str(base), str(head), "--max-drop", "0.05", "--json", str(diff_path)]
+    )
+    assert result.exit_code == 0, result.output
+    diff = json.loads(diff_path.read_text())
+    (template,) = diff["templates"]
+    assert (template["status"], template["base_tokens"], template["head_tokens"]) == (
+        "changed",
+        48,
+        49,
+    )
+    assert (template["base_remainder"], template["head_remainder"]) == (0, 1)
+    vllm = diff["engines"]["vllm"]
+    assert vllm["base_hit_rate"] > vllm["head_hit_rate"]
+    assert "Templates that changed" in result.output
+
+    failed = runner.invoke(app, ["compare", str(base), str(head), "--max-drop", "0.001"])
+    assert failed.exit_code == 1
+    assert "over --max-drop 0.10%" in failed.output
+
+
+def test_compare_rejects_a_non_report(tmp_path: Path) -> None:
+    bogus = tmp_path / "x.json"
+    bogus.write_text('{"hello": 1}')
+    result = runner.invoke(app, ["compare", str(bogus), str(bogus)])
+    assert result.exit_code == 2
+    assert "not a prefixcheck report" in result.output
