@@ -1,0 +1,391 @@
+"""Reference replay of a workload through SGLang's scheduler paths around the radix tree.
+
+Follows the code paths SGLang 0.5.23 runs for one request (what the oracle drives): match with
+limit L-1, lock, allocate with the allocator's eviction triggers, chunked prefill with a checkpoint
+per chunk, the prefill checkpoint, decode allocations, and ``release_kv_cache``. Sizes are tokens;
+a paged pool moves whole pages. The concurrent and timed schedules are the model described in
+``sglang_radix``'s docstring.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache_models._sglang_tree import Node, RadixTree
+from cache_models.config import SglangConfig
+from cache_models.workload import Workload
+
+# calc_priority touches the waiting prompts on every 32nd scheduling pass, at most 128 of them.
+WAITING_PREFIX_REFRESH_INTERVAL = 32
+WAITING_PREFIX_REFRESH_MAX = 128
+
+# A timed action: when it happens and what it does.
+_Event = tuple[float, Callable[[], None]]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def chunk_ends(hit: int, prompt_len: int, chunk: int, page_size: int) -> list[int]:
+    """Where each prefill chunk ends (PrefillAdder: the first chunk is page-aligned)."""
+    ends: list[int] = []
+    start, first = hit, True
+    while True:
+        remaining = prompt_len - start
+        if chunk and first and _ceil_div(remaining, page_size) * page_size > chunk:
+            end = (start + chunk // page_size * page_size) // page_size * page_size
+        elif chunk and not first and remaining > chunk:
+            end = start + chunk
+        else:
+            end = prompt_len
+        first = False
+        ends.append(end)
+        if end >= prompt_len:
+            return ends
+        start = end
+
+
+def kv_steps(output_len: int, stop_finish: bool) -> int:
+    """Decode steps that compute KV: all N outputs on a stop (overlap scheduler), else N-1."""
+    return output_len if stop_finish else output_len - 1
+
+
+def never_fits(prompt_len: int, steps: int, config: SglangConfig) -> bool:
+    """True when the request's own KV at its peak exceeds the whole pool."""
+    if config.capacity_tokens is None:
+        return False
+    ps = config.page_size
+    return _ceil_div(prompt_len + steps, ps) > config.capacity_tokens // ps
+
+
+class KvPool:
+    """The KV allocator's free count (tokens, whole pages) with the tree as its eviction source."""
+
+    def __init__(self, tree: RadixTree, config: SglangConfig) -> None:
+        self.tree = tree
+        self.page_size = config.page_size
+        self.unbounded = config.capacity_tokens is None
+        cap = config.capacity_tokens or 0
+        self.free = cap // self.page_size * self.page_size
+        self.evicted_tokens = 0
+
+    def evict_to(self, num_tokens: int) -> None:
+        """``evict_to_free_tokens``: evict until ``num_tokens`` are free or nothing is left."""
+        if self.unbounded or self.free >= num_tokens:
+            return
+        self.tree.evict(lambda: self.free >= num_tokens, self._on_evict)
+
+    def _on_evict(self, tokens: int) -> None:
+        self.free += tokens
+        self.evicted_tokens += tokens
+
+    def take(self, tokens: int) -> None:
+        if not self.unbounded:
+            self.free -= tokens
+            assert self.free >= 0, "KV pool out of memory"
+
+    def give(self, tokens: int) -> None:
+        if not self.unbounded:
+            self.free += tokens
+
+
+@dataclass
+class Request:
+    """A request's KV row: [0, protected) is the tree's, the rest (up to allocated) its own."""
+
+    index: int
+    tokens: np.ndarray  # prompt + outputs
+    prompt_len: int
+    steps: int  # decode steps that compute KV
+    namespace: int
+    hit: int
+    node: Node  # the locked end of its tree path
+    protected: int
+    allocated: int
+    inserted: int = 0
+
+    @property
+    def final_len(self) -> int:
+        return self.prompt_len + self.steps
+
+
+class ReferenceReplay:
+    """One replay of a workload; ``run`` returns the per-request arrays."""
+
+    def __init__(self, config: SglangConfig, workload: Workload) -> None:
+        self.config = config
+        self.workload = workload
+        self.page_size = config.page_size
+        self.tree = RadixTree(config.page_size, config.eviction_policy)
+        self.pool = KvPool(self.tree, config)
+        self.refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
+        self.scheduling_passes = 0
+        n = workload.n_requests
+        self.hit = np.zeros(n, np.int64)
+        self.evicted = np.zeros(n, np.int64)
+        self.inserted = np.zeros(n, np.int64)
+        self.splits = np.zeros(n, np.int64)
+        self.rejected = np.zeros(n, np.int64)
+
+    # -- per-request steps -----------------------------------------------------------------------
+    def _tokens(self, i: int) -> np.ndarray:
+        return np.concatenate([self.workload.prompt(i), self.workload.output(i)])
+
+    def _steps(self, i: int) -> int:
+        return kv_steps(int(self.workload.output_lengths[i]), bool(self.workload.stop_finish[i]))
+
+    def _reject_if_too_big(self, i: int) -> bool:
+        if never_fits(int(self.workload.prompt_lengths[i]), self._steps(i), self.config):
+            self.rejected[i] = 1
+            return True
+        return False
+
+    def touch_waiting(self, indices: list[int]) -> None:
+        """One scheduling pass: every 32nd refreshes the waiting prompts, the head last."""
+        if not self.refresh or not indices:
+            return
+        if self.scheduling_passes % WAITING_PREFIX_REFRESH_INTERVAL == 0:
+            for i in reversed(indices[:WAITING_PREFIX_REFRESH_MAX]):
+                self._charge(i, lambda i=i: self.tree.match(self.workload.prompt(i), self._ns(i)))
+        self.scheduling_passes += 1
+
+    def _ns(self, i: int) -> int:
+        return int(self.workload.namespace[i])
+
+    def match(self, i: int) -> Request:
+        """Match the prompt with limit L-1 and lock the matched path (admission)."""
+        prompt = self.workload.prompt(i)
+        result = self.tree.match(prompt[: len(prompt) - 1], self._ns(i))
+        self.tree.lock(result.node)
+        self.hit[i] = result.length
+        return Request(
+            index=i,
+            tokens=self._tokens(i),
+            prompt_len=len(prompt),
+            steps=self._steps(i),
+            namespace=self._ns(i),
+            hit=result.length,
+            node=result.node,
+            protected=result.length,
+            allocated=result.length,
+        )
+
+    def alloc_extend(self, req: Request, end: int) -> None:
+        """alloc_token_slots / alloc_paged_token_slots_extend (one page of slack per request)."""
+        ps, start = self.page_size, req.allocated
+        if ps == 1:
+            self.pool.evict_to(end - start)
+            self.pool.take(end - start)
+        else:
+            self.pool.evict_to(end - start + ps)
+            self.pool.take((_ceil_div(end, ps) - _ceil_div(start, ps)) * ps)
+        req.allocated = end
+
+    def decode_step(self, req: Request) -> None:
+        """check_decode_mem, then alloc_token_slots / alloc_paged_token_slots_decode."""
+        ps, cur = self.page_size, req.allocated
+        self.pool.evict_to(ps if cur % ps == 0 else 0)
+        self.pool.evict_to(ps)  # paged decode wants a free page even mid-page
+        if cur % ps == 0:
+            self.pool.take(ps)
+        req.allocated += 1
+
+    def checkpoint(self, req: Request, up_to: int) -> None:
+        """Insert tokens[:up_to] (whole pages), free duplicates, move the lock to the new end."""
+        if up_to <= 0:
+            return
+        key = self.tree.page_aligned(req.tokens[:up_to])
+        result = self.tree.insert(key, req.namespace, req.protected, req.inserted, priority=0)
+        self.pool.give(result.duplicate_tokens)
+        self.inserted[req.index] += result.new_tokens
+        req.inserted = max(req.inserted, len(key))
+        prompt_len = len(self.tree.page_aligned(req.tokens[: req.prompt_len]))
+        if 0 < prompt_len < len(key):  # split at the prompt so the output can go alone
+            self.tree.insert(key[:prompt_len], req.namespace, prompt_len, prompt_len, priority=1)
+        self.tree.unlock(req.node)
+        self.tree.lock(result.node)
+        req.node = result.node
+        req.protected = len(key)
+
+    def release(self, req: Request) -> None:
+        """release_kv_cache: insert what was computed, free the request's own slots, unlock."""
+        self.checkpoint(req, req.final_len)
+        ps = self.page_size
+        self.pool.give((_ceil_div(req.allocated, ps) - req.protected // ps) * ps)
+        self.tree.unlock(req.node)
+
+    def prefill(self, req: Request) -> None:
+        """Every chunk is allocated then checkpointed; so is a prefill that does not finish."""
+        ends = chunk_ends(req.hit, req.prompt_len, self.config.chunked_prefill_size, self.page_size)
+        for end in ends[:-1]:
+            self.alloc_extend(req, end)
+            self.checkpoint(req, end)
+        self.alloc_extend(req, ends[-1])
+        if req.steps > 0:
+            self.checkpoint(req, req.prompt_len)
+
+    def _charge(self, i: int, action) -> None:
+        """Run ``action`` and book its evictions and splits on request i."""
+        evicted, splits = self.pool.evicted_tokens, self.tree.node_splits
+        action()
+        self.evicted[i] += self.pool.evicted_tokens - evicted
+        self.splits[i] += self.tree.node_splits - splits
+
+    # -- schedules -------------------------------------------------------------------------------
+    def run_sequential(self) -> None:
+        """Each request runs alone, from match to release (what the oracle replays)."""
+        for i in range(self.workload.n_requests):
+            if self._reject_if_too_big(i):
+                continue
+            self.touch_waiting([i])
+            self._charge(i, lambda i=i: self._serve_alone(i))
+
+    def _serve_alone(self, i: int) -> None:
+        req = self.match(i)
+        self.prefill(req)
+        for _ in range(req.steps):
+            self.decode_step(req)
+        self.release(req)
+
+    def pages_to_come(self, req: Request) -> int:
+        """Pages the request will still allocate until it finishes."""
+        ps = self.page_size
+        return _ceil_div(req.final_len, ps) - _ceil_div(req.allocated, ps)
+
+    def admit(self, i: int, running: list[Request]) -> Request | None:
+        """Match and lock; keep the request only if its remaining KV fits next to the running
+        requests' (free + evictable - their reservations). Otherwise unlock: it waits."""
+        req = self.match(i)
+        if self.pool.unbounded:
+            return req
+        reserved = sum(self.pages_to_come(r) for r in running) * self.page_size
+        need = self.pages_to_come(req) * self.page_size
+        if need <= self.pool.free + self.tree.evictable_size - reserved:
+            return req
+        self.tree.unlock(req.node)
+        return None
+
+    def run_lockstep(self) -> None:
+        """K requests in flight, no clock: a closed loop of K clients (see sglang_radix)."""
+        k = self.config.max_in_flight
+        pending = deque(range(self.workload.n_requests))
+        waiting: deque[int] = deque()
+        running: list[Request] = []
+        while pending or waiting or running:
+            while pending and len(running) + len(waiting) < k:
+                i = pending.popleft()
+                if not self._reject_if_too_big(i):
+                    waiting.append(i)
+            admitted = self._prefill_pass(waiting, running, k)
+            if admitted:
+                continue
+            for req in list(running):  # one decode iteration
+                self._charge(req.index, lambda r=req: self._decode_or_finish(r, running))
+
+    def _prefill_pass(self, waiting: deque[int], running: list[Request], k: int) -> bool:
+        """Admit FCFS from the head of the queue; prefill the admitted ones in order."""
+        if not waiting or len(running) >= k:
+            return False
+        self.touch_waiting(list(waiting))
+        batch: list[Request] = []
+        while waiting and len(running) + len(batch) < k:
+            req = self._admit_charged(waiting[0], running + batch)
+            if req is None:
+                break
+            waiting.popleft()
+            batch.append(req)
+        for req in batch:
+            self._charge(req.index, lambda r=req: self._prefill_and_maybe_finish(r, running))
+        return bool(batch)
+
+    def _admit_charged(self, i: int, running: list[Request]) -> Request | None:
+        result: list[Request | None] = []
+        self._charge(i, lambda: result.append(self.admit(i, running)))
+        return result[0]
+
+    def _prefill_and_maybe_finish(self, req: Request, running: list[Request]) -> None:
+        self.prefill(req)
+        if req.steps == 0:
+            self.release(req)
+        else:
+            running.append(req)
+
+    def _decode_or_finish(self, req: Request, running: list[Request]) -> None:
+        self.decode_step(req)
+        if req.allocated == req.final_len:
+            self.release(req)
+            running.remove(req)
+
+    def run_timed(self) -> None:
+        """K requests in flight in arrival time, with the TimeModel's service times."""
+        k = self.config.max_in_flight
+        arrival = self.workload.arrival_s
+        assert arrival is not None
+        order = [int(i) for i in np.argsort(arrival, kind="stable")]
+        next_arrival = 0
+        waiting: deque[int] = deque()
+        running: list[Request] = []
+        events: list[tuple[float, int, Callable[[], None], Iterator[_Event]]] = []
+        seq = 0
+
+        def push(lifecycle: Iterator[_Event]) -> None:
+            nonlocal seq
+            for at, action in lifecycle:
+                heapq.heappush(events, (at, seq, action, lifecycle))
+                seq += 1
+                return
+
+        while next_arrival < len(order) or waiting or events:
+            now = min(
+                arrival[order[next_arrival]] if next_arrival < len(order) else np.inf,
+                events[0][0] if events else np.inf,
+            )
+            while next_arrival < len(order) and arrival[order[next_arrival]] <= now:
+                i = order[next_arrival]
+                next_arrival += 1
+                if not self._reject_if_too_big(i):
+                    waiting.append(i)
+            while events and events[0][0] <= now:
+                _, _, action, lifecycle = heapq.heappop(events)
+                action()
+                push(lifecycle)
+            if waiting and len(running) < k:
+                self.touch_waiting(list(waiting))
+                while waiting and len(running) < k:
+                    req = self._admit_charged(waiting[0], running)
+                    if req is None:
+                        break
+                    waiting.popleft()
+                    running.append(req)
+                    push(self._lifecycle(req, float(now), running))
+
+    def _lifecycle(self, req: Request, start: float, running: list[Request]) -> Iterator[_Event]:
+        """The request's actions from admission to release, each at its time."""
+        tm = self.config.time_model
+        assert tm is not None
+        i, at, done = req.index, start, req.hit
+        ends = chunk_ends(req.hit, req.prompt_len, self.config.chunked_prefill_size, self.page_size)
+        for end in ends:
+            yield at, lambda end=end: self._charge(i, lambda: self.alloc_extend(req, end))
+            at += (end - done) / tm.prefill_tokens_per_s
+            done = end
+            if end < req.prompt_len:
+                yield at, lambda end=end: self._charge(i, lambda: self.checkpoint(req, end))
+        if req.steps > 0:
+            yield at, lambda: self._charge(i, lambda: self.checkpoint(req, req.prompt_len))
+        step = 1 / tm.decode_tokens_per_s
+        for j in range(req.steps):
+            yield at + j * step, lambda: self._charge(i, lambda: self.decode_step(req))
+        n_outputs = len(req.tokens) - req.prompt_len
+
+        def finish() -> None:
+            self._charge(i, lambda: self.release(req))
+            running.remove(req)
+
+        yield at + n_outputs * step, finish

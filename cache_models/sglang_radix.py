@@ -1,0 +1,94 @@
+"""SGLang 0.5.23's prefix cache (RadixAttention, ``UnifiedRadixCache``), replayed per request.
+
+Sequential replay (``max_in_flight=1``, no ``time_model``) follows exactly what SGLang's own code
+does for one request after another (checked against the oracle that runs it): match with limit
+L-1 in whole pages, splits, locks, the allocator's eviction triggers (page size 1; paged prefill's
+one extra page per request; decode's ``check_decode_mem`` and paged decode's page demand even
+mid-page), chunked prefill with a checkpoint per chunk, the insert on release (all N outputs after
+a stop under the overlap scheduler, N-1 after ``max_tokens``), the prompt/output split, eviction
+under every policy, the waiting-prefix LRU refresh on every 32nd scheduling pass, namespaces.
+
+SGLang has no oracle for concurrency; ``max_in_flight=K > 1`` or a ``time_model`` replays a model:
+
+- FCFS admission. Each scheduling pass (an instant when requests wait and a slot is free) counts
+  for the waiting-prefix refresh, which touches up to 128 waiting prompts, the head last.
+- A request is admitted when fewer than K run and its remaining KV (whole pages from its hit to
+  prompt + decode) fits in free + evictable tokens minus what the running requests will still
+  allocate. So nothing is ever retracted (SGLang estimates decode growth and may retract).
+  The match that admission runs happens even when the request then has to wait.
+- A running request holds a lock on its tree path; others see its KV only from its checkpoints
+  (after each prefill chunk, after prefill, and at release), never while it is computed.
+- Without a time model the replay is a closed loop of K clients: a request arrives when one
+  finishes, so the queue holds at most K - running. Each iteration is either a prefill pass (match
+  and lock every admitted request first, then prefill them in order: requests admitted together
+  do not see each other's prompts) or one decode step of every running request, in order.
+- With a time model requests arrive at ``arrival_s`` and run independently (no batching slowdown):
+  prefill chunks take their uncached tokens / ``prefill_tokens_per_s`` (allocated when a chunk
+  starts, checkpointed when it ends), then output j's KV is allocated at prefill end + j decode
+  steps of 1 / ``decode_tokens_per_s``, and the request releases after its N-th step.
+- With K=1 and no time model this is the sequential replay; with a time model it is too when each
+  request arrives after the previous one finished.
+
+A request whose own KV at its peak (prompt + decode tokens, whole pages) exceeds the pool is
+rejected before it is scheduled: hit 0, nothing cached, ``rejected`` = 1, and it counts in neither
+metric. Unbounded capacity (``capacity_tokens=None``) never evicts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from cache_models import _sglang_kernel
+from cache_models._sglang_reference import ReferenceReplay
+from cache_models.config import SglangConfig
+from cache_models.result import ReplayResult
+from cache_models.workload import Workload
+
+SglangEngine = Literal["fast", "reference"]
+
+
+class SglangRadixCache:
+    """Replays workloads through SGLang's radix cache; ``engine="reference"`` runs the plain
+    Python model, ``"fast"`` (the default) the compiled kernel where it applies."""
+
+    def __init__(self, config: SglangConfig, engine: SglangEngine = "fast") -> None:
+        self.config = config
+        self.engine = engine
+
+    def replay(self, workload: Workload) -> ReplayResult:
+        config = self.config
+        if config.time_model is not None and workload.arrival_s is None:
+            raise ValueError("a time_model replay needs Workload.arrival_s")
+        sequential = config.max_in_flight == 1 and config.time_model is None
+        if self.engine == "fast" and sequential:
+            out = _sglang_kernel.replay(config, workload)
+            return _result(workload, out.pop("hit"), out)
+        replay = ReferenceReplay(config, workload)
+        if config.time_model is not None:
+            replay.run_timed()
+        elif config.max_in_flight > 1:
+            replay.run_lockstep()
+        else:
+            replay.run_sequential()
+        counters = {
+            "evicted_tokens": replay.evicted,
+            "inserted_tokens": replay.inserted,
+            "node_splits": replay.splits,
+            "rejected": replay.rejected,
+        }
+        return _result(workload, replay.hit, counters)
+
+
+def _result(workload: Workload, hit: np.ndarray, counters: dict[str, np.ndarray]) -> ReplayResult:
+    served = counters["rejected"] == 0
+    return ReplayResult(
+        engine="sglang",
+        hit_tokens=hit,
+        counters=counters,
+        metrics={
+            "sglang:cached_tokens_total": int(hit[served].sum()),
+            "sglang:prompt_tokens_total": int(workload.prompt_lengths[served].sum()),
+        },
+    )
