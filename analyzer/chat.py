@@ -1,90 +1,42 @@
 """Chat rendering: messages to the exact prompt string the server builds, the way Hugging Face
-``apply_chat_template`` does it (vLLM and SGLang call it), in a sandboxed jinja2 environment."""
+``apply_chat_template`` does it (vLLM and SGLang call it), in a sandboxed jinja2 environment.
+
+Message content reaches the template as vLLM hands it over, in the template's content format
+(detected as vLLM detects it: does the template loop over ``message['content']``?): "string"
+templates get the text parts joined by newlines, with each image's placeholder text on its own
+line before them; "openai" templates get a list of ``{"type": "text", "text": ...}`` and
+``{"type": "image"}`` parts.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from analyzer.errors import BadLine, PrefixcheckError
 from analyzer.records import Message
+from analyzer.templates import BUILTIN_TEMPLATES, builtin_template
 from analyzer.tokenizer import SpecialTokens
 
-# Qwen2.5-Instruct's chat template (ChatML with Qwen's default system prompt and tool rendering):
-# the built-in default, matching the default tokenizer.
-CHATML_TEMPLATE = """\
-{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- messages[0]['content'] }}
-    {%- else %}
-        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
-    {%- endif %}
-    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n\
-You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and \
-arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \
-\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful \
-assistant.<|im_end|>\\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or \
-(message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\\n<tool_call>\\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\\n<tool_response>\\n' }}
-        {{- message.content }}
-        {{- '\\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
+# Qwen2.5-Instruct's chat template: the built-in default, matching the default tokenizer.
+CHATML_TEMPLATE = BUILTIN_TEMPLATES["qwen2.5"].source
 # Templates that call strftime_now() get this date when the request has no timestamp, so the
 # same log always renders the same prompts.
 FALLBACK_DATE = datetime(2026, 1, 1, tzinfo=UTC)
+IMAGE_PARTS = frozenset({"image_url", "image", "input_image", "image_pil", "image_embeds"})
+# Variables the renderer sets itself; chat_template_kwargs cannot replace them (as in vLLM).
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 def _tojson(
@@ -106,14 +58,22 @@ def _raise_exception(message: str) -> None:
 
 @dataclass
 class ChatRenderer:
-    """Renders chat messages with one template (a string, or named templates as in transformers)."""
+    """Renders chat messages with one template (a string, or named templates as in transformers).
+
+    ``image_placeholder`` is the text a "string" template gets for each image (the model
+    family's, e.g. Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``); None when the
+    model takes no images. ``default_kwargs`` are ``--chat-template-kwargs``, under each
+    request's own ``chat_template_kwargs``.
+    """
 
     template: str | dict[str, str]
     special: SpecialTokens
     name: str = "chatml (Qwen2.5)"
+    image_placeholder: str | None = None
+    default_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
-    def _compiled(self) -> dict[str, jinja2.Template]:
+    def _compiled(self) -> dict[str, tuple[jinja2.Template, str]]:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
         )
@@ -121,7 +81,10 @@ class ChatRenderer:
         env.globals["raise_exception"] = _raise_exception
         sources = self.template if isinstance(self.template, dict) else {"default": self.template}
         try:
-            return {name: env.from_string(source) for name, source in sources.items()}
+            return {
+                name: (env.from_string(source), content_format(env.parse(source)))
+                for name, source in sources.items()
+            }
         except jinja2.TemplateError as exc:
             raise PrefixcheckError(f"chat template {self.name!r} does not compile: {exc}") from None
 
@@ -130,19 +93,22 @@ class ChatRenderer:
         messages: list[Message],
         tools: list[dict[str, Any]] | None = None,
         arrival_s: float | None = None,
+        *,
+        kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
-        """The prompt text for one request, with the generation prompt appended."""
+        """The prompt text for one request (with the generation prompt appended by default)."""
         templates = self._compiled
-        template = templates.get("tool_use") if tools and "tool_use" in templates else None
-        template = template or templates.get("default") or next(iter(templates.values()))
-        when = (
-            FALLBACK_DATE if arrival_s is None else datetime.fromtimestamp(arrival_s, UTC)
-        )
+        chosen = templates.get("tool_use") if tools and "tool_use" in templates else None
+        template, form = chosen or templates.get("default") or next(iter(templates.values()))
+        when = FALLBACK_DATE if arrival_s is None else datetime.fromtimestamp(arrival_s, UTC)
+        extra = {**self.default_kwargs, **(kwargs or {})}
         try:
             return template.render(
-                messages=_normalize(messages),
+                **{k: v for k, v in extra.items() if k not in RESERVED},
+                messages=_normalize(messages, form, self.image_placeholder, self.name),
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.special.bos_token or "",
                 eos_token=self.special.eos_token or "",
                 strftime_now=when.strftime,
@@ -150,39 +116,81 @@ class ChatRenderer:
         except BadLine:
             raise
         except Exception as exc:
-            raise BadLine(f"chat template failed: {type(exc).__name__}: {exc}") from None
+            raise BadLine(
+                f"chat template failed: {type(exc).__name__}: {exc} (template: {self.name})"
+            ) from None
 
 
-def _normalize(messages: list[Message]) -> list[Message]:
-    """Message content as vLLM hands it to a string template: text parts joined by newlines, and
-    tool-call arguments parsed from their JSON strings."""
+def content_format(tree: nodes.Template) -> str:
+    """vLLM's detection: "openai" when the template loops over a message's content (directly or
+    through a variable set from it), else "string"."""
+    content_vars = {
+        target.name
+        for assign in tree.find_all(nodes.Assign)
+        if _is_content(assign.node)
+        for target in [assign.target]
+        if isinstance(target, nodes.Name)
+    }
+    for loop in tree.find_all(nodes.For):
+        if _is_content(loop.iter) or (
+            isinstance(loop.iter, nodes.Name) and loop.iter.name in content_vars
+        ):
+            return "openai"
+    return "string"
+
+
+def _is_content(node: nodes.Node) -> bool:
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+    return isinstance(node, nodes.Getattr) and node.attr == "content"
+
+
+def _normalize(
+    messages: list[Message], form: str, placeholder: str | None, template_name: str
+) -> list[Message]:
+    """Message content as vLLM hands it to the template, and tool-call arguments parsed from
+    their JSON strings."""
     normalized = []
     for position, message in enumerate(messages):
         message = dict(message)
         content = message.get("content")
-        if isinstance(content, list):
-            message["content"] = "\n".join(_text_parts(content, position))
+        if isinstance(content, str) and form == "openai":
+            message["content"] = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            texts, images = _parts(content, position)
+            if form == "openai":
+                message["content"] = [
+                    {"type": "image"} if text is None else {"type": "text", "text": text}
+                    for text in texts
+                ]
+            else:
+                if images and placeholder is None:
+                    raise BadLine(
+                        f"messages[{position}] has an image content part, and the chat template "
+                        f"{template_name!r} defines no image placeholder (a text-only model)"
+                    )
+                words = [text for text in texts if text is not None]
+                message["content"] = "\n".join([placeholder or ""] * images + words)
         if message.get("tool_calls"):
             message["tool_calls"] = [_parse_arguments(call) for call in message["tool_calls"]]
         normalized.append(message)
     return normalized
 
 
-def _text_parts(parts: list[Any], position: int) -> list[str]:
-    texts = []
+def _parts(parts: list[Any], position: int) -> tuple[list[str | None], int]:
+    """The content parts in order (None for an image) and the number of images."""
+    items: list[str | None] = []
     for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
         if isinstance(part, str):
-            texts.append(part)
-        elif (
-            isinstance(part, dict)
-            and part.get("type") == "text"
-            and isinstance(part.get("text"), str)
-        ):
-            texts.append(part["text"])
+            items.append(part)
+        elif kind in ("text", "input_text") and isinstance(part.get("text"), str):
+            items.append(part["text"])
+        elif kind in IMAGE_PARTS:
+            items.append(None)
         else:
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise BadLine(f"messages[{position}] has a {kind!r} content part (only text is read)")
-    return texts
+            raise BadLine(f"messages[{position}] has a {kind!r} content part (not read)")
+    return items, items.count(None)
 
 
 def _parse_arguments(call: Any) -> Any:
@@ -194,8 +202,56 @@ def _parse_arguments(call: Any) -> Any:
     return call
 
 
-def chat_renderer(template: str | dict[str, str] | None, special: SpecialTokens) -> ChatRenderer:
-    """The tokenizer's own template when it has one, else the built-in ChatML (Qwen2.5) one."""
-    if template is None:
-        return ChatRenderer(CHATML_TEMPLATE, special)
-    return ChatRenderer(template, special, name="tokenizer_config.json chat_template")
+def chat_renderer(
+    template: str | dict[str, str] | None,
+    special: SpecialTokens,
+    *,
+    choice: str | None = None,
+    default_kwargs: dict[str, Any] | None = None,
+) -> ChatRenderer:
+    """The renderer for ``--chat-template``: one of the tokenizer's named templates, a built-in
+    family template, or a template file; by default the tokenizer's own template, else Qwen2.5's.
+    """
+    kwargs = default_kwargs or {}
+    placeholder = special.image_placeholder
+    if choice is None:
+        if template is None:
+            return ChatRenderer(CHATML_TEMPLATE, special, default_kwargs=kwargs)
+        return ChatRenderer(
+            template,
+            special,
+            name="tokenizer_config.json chat_template",
+            image_placeholder=placeholder,
+            default_kwargs=kwargs,
+        )
+    if isinstance(template, dict) and choice in template:
+        return ChatRenderer(
+            template[choice],
+            special,
+            name=f"tokenizer_config.json chat_template {choice!r}",
+            image_placeholder=placeholder,
+            default_kwargs=kwargs,
+        )
+    builtin = builtin_template(choice)
+    if builtin is not None:
+        tokens = SpecialTokens(bos_token=builtin.bos_token, eos_token=builtin.eos_token)
+        name = f"{builtin.name} ({builtin.model}, built-in)"
+        return ChatRenderer(builtin.source, tokens, name=name, default_kwargs=kwargs)
+    path = Path(choice)
+    if path.is_file():
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PrefixcheckError(f"{path}: cannot read the chat template ({exc})") from None
+        return ChatRenderer(
+            source, special, name=str(path), image_placeholder=placeholder, default_kwargs=kwargs
+        )
+    named = (
+        f", nor one of the tokenizer's ({', '.join(template)})"
+        if isinstance(template, dict)
+        else ""
+    )
+    raise PrefixcheckError(
+        f"unknown --chat-template {choice!r}: not a built-in ({', '.join(BUILTIN_TEMPLATES)}) "
+        f"and not a template file{named}"
+    )

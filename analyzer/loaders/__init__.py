@@ -5,39 +5,147 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
+from itertools import chain, islice
 from typing import Any
 
 from analyzer.errors import BadLine, PrefixcheckError, Skip, StrictModeError
-from analyzer.loaders import hash_trace, openai_chat, plain_prompt, token_ids
-from analyzer.loaders.jsonl import iter_json_lines
+from analyzer.loaders import (
+    anthropic,
+    conversations,
+    hash_trace,
+    helicone,
+    langfuse,
+    litellm,
+    mapped,
+    openai_batch,
+    openai_chat,
+    plain_prompt,
+    server_logs,
+    token_ids,
+)
+from analyzer.loaders.joins import Answer, join_answers
+from analyzer.loaders.jsonl import json_object, looks_like_json
+from analyzer.loaders.mapped import FieldMap
+from analyzer.loaders.sources import (
+    base_suffix,
+    expand_inputs,
+    iter_json_array,
+    iter_raw_lines,
+    iter_rows,
+)
+from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
 
-Parser = Callable[[dict[str, Any], str, int], Record]
+Parsed = Record | list[Record] | Answer
+Parser = Callable[[Any, str, int], Parsed]
 
 
 @dataclass(frozen=True)
 class LogFormat:
+    """A log format: how to recognise one of its lines and how to parse it.
+
+    JSON formats see each line as a dict; text formats (server logs) see the line as a string.
+    ``accepts`` tells whether a line of a file already known to be in this format is one of
+    its lines (by default ``matches``); a line that is not, but is another format's, is a
+    mixed-format error.
+    """
+
     name: str
     description: str
-    matches: Callable[[dict[str, Any]], bool]
+    matches: Callable[[Any], bool]
     parse: Parser
+    text: bool = False
+    accepts: Callable[[Any], bool] | None = None
+
+    def owns(self, item: Any) -> bool:
+        return (self.accepts or self.matches)(item)
 
 
 FORMATS: dict[str, LogFormat] = {
     f.name: f
     for f in (
-        LogFormat("hash-trace", "hash-id traces (Mooncake)", hash_trace.matches, hash_trace.parse),
+        LogFormat(
+            "bailian-trace",
+            "Alibaba Bailian hash-id traces (chat_id, parent_chat_id, 16-token blocks)",
+            hash_trace.matches_bailian,
+            partial(hash_trace.parse, block_size=hash_trace.BAILIAN_BLOCK_SIZE),
+        ),
+        LogFormat(
+            "hash-trace",
+            "hash-id traces (Mooncake)",
+            hash_trace.matches,
+            hash_trace.parse,
+        ),
         LogFormat("tokens", "pre-tokenized prompt_token_ids", token_ids.matches, token_ids.parse),
         LogFormat(
-            "openai", "OpenAI chat-completions requests", openai_chat.matches, openai_chat.parse
+            "openai-batch",
+            "OpenAI Batch API input and output JSONL",
+            openai_batch.matches,
+            openai_batch.parse,
+        ),
+        LogFormat(
+            "litellm",
+            "LiteLLM StandardLoggingPayload",
+            litellm.matches,
+            litellm.parse,
+        ),
+        LogFormat(
+            "langfuse",
+            "Langfuse observation exports",
+            langfuse.matches,
+            langfuse.parse,
+        ),
+        LogFormat("helicone", "Helicone request exports", helicone.matches, helicone.parse),
+        LogFormat(
+            "anthropic",
+            "Anthropic Messages requests (system, content blocks, cache_control)",
+            anthropic.matches,
+            anthropic.parse,
+            accepts=anthropic.accepts,
+        ),
+        LogFormat(
+            "openai",
+            "OpenAI chat-completions requests (with their responses)",
+            openai_chat.matches,
+            openai_chat.parse,
+        ),
+        LogFormat(
+            "sharegpt",
+            "ShareGPT conversations (one request per assistant turn)",
+            conversations.matches_sharegpt,
+            conversations.parse_sharegpt,
+        ),
+        LogFormat(
+            "lmsys",
+            "LMSYS-Chat conversations (one request per assistant turn)",
+            conversations.matches_lmsys,
+            conversations.parse_lmsys,
         ),
         LogFormat(
             "prompt", 'plain {"prompt": ...} lines', plain_prompt.matches, plain_prompt.parse
         ),
+        LogFormat(
+            "vllm-log",
+            "vLLM server logs (--enable-log-requests)",
+            server_logs.matches_vllm,
+            server_logs.parse_vllm,
+            text=True,
+            accepts=server_logs.is_text,
+        ),
+        LogFormat(
+            "sglang-log",
+            "SGLang server logs (--log-requests)",
+            server_logs.matches_sglang,
+            server_logs.parse_sglang,
+            text=True,
+            accepts=server_logs.is_text,
+        ),
     )
 }
-DETECTION_LINES = 50
+MAPPED = LogFormat("mapped", "any JSON, read through --*-field paths", mapped.matches, mapped.parse)
+DETECTION_LINES = 50  # JSON objects looked at to detect a format
+DETECTION_TEXT_LINES = 5000  # server logs: lines looked at for the first request line
+PROGRESS_EVERY = 1000
 
 
 @dataclass
@@ -48,64 +156,196 @@ class LoadResult:
     skips: list[Skip] = field(default_factory=list)
     formats: dict[str, str] = field(default_factory=dict)
     lines_read: int = 0
+    answers_joined: int = 0
 
 
-def detect_format(path: Path) -> LogFormat:
-    """The format of the first JSON objects in the file that any loader recognises."""
-    seen_keys: list[str] = []
-    for index, (_, obj) in enumerate(iter_json_lines(path)):
-        if index >= DETECTION_LINES:
-            break
-        if isinstance(obj, Skip):
-            continue
-        for log_format in FORMATS.values():
-            if log_format.matches(obj):
-                return log_format
-        seen_keys = sorted(obj)[:8]
-    if not seen_keys:
-        raise PrefixcheckError(f"{path}: no JSON object in the first {DETECTION_LINES} lines")
-    raise PrefixcheckError(
-        f"{path}: unknown log format (keys {seen_keys}); choose one with --format "
-        f"({', '.join(FORMATS)})"
-    )
+def format_names() -> list[str]:
+    return ["auto", *FORMATS]
+
+
+def detect_format(path: Any) -> LogFormat:
+    """The format of the first objects (or request lines) in the file that a loader recognises."""
+    name = str(path)
+    return _detect(name, _peek(name))
 
 
 def load_logs(
-    paths: Sequence[Path],
+    paths: Sequence[Any],
     format_name: str = "auto",
     *,
     strict: bool = False,
-    hash_block_size: int = hash_trace.DEFAULT_BLOCK_SIZE,
+    hash_block_size: int | None = None,
+    fields: FieldMap | None = None,
+    progress: Progress | None = None,
 ) -> LoadResult:
     """Read every file; a bad line becomes a Skip (or, with ``strict``, a StrictModeError)."""
-    if format_name != "auto" and format_name not in FORMATS:
+    if format_name != "auto" and format_name not in FORMATS and format_name != MAPPED.name:
         raise PrefixcheckError(
-            f"unknown --format {format_name!r}; choose auto, {', '.join(FORMATS)}"
+            f"unknown --format {format_name!r}; choose {', '.join(format_names())}"
         )
+    progress = progress or NoProgress()
+    progress.stage("reading logs", None)
     result = LoadResult()
-    for path in paths:
-        log_format = detect_format(path) if format_name == "auto" else FORMATS[format_name]
-        result.formats[str(path)] = log_format.name
-        parse = log_format.parse
-        if log_format.name == "hash-trace":
-            parse = partial(hash_trace.parse, block_size=hash_block_size)
-        for item in _parse_file(path, parse):
+    answers: list[Answer] = []
+    for name in expand_inputs(paths):
+        items = _peek(name)
+        log_format = _chosen_format(name, items, format_name, fields)
+        result.formats[name] = log_format.name
+        parse = _configured(log_format, hash_block_size, fields)
+        for item in _parse_items(name, items, log_format, parse, fields):
             result.lines_read += 1
+            if result.lines_read % PROGRESS_EVERY == 0:
+                progress.advance(PROGRESS_EVERY)
             if isinstance(item, Skip):
                 if strict:
                     raise StrictModeError(item)
                 result.skips.append(item)
+            elif isinstance(item, Answer):
+                answers.append(item)
+            elif isinstance(item, list):
+                result.records.extend(item)
             else:
                 result.records.append(item)
+    orphans = join_answers(result.records, answers)
+    if orphans and strict:
+        raise StrictModeError(orphans[0])
+    result.skips.extend(orphans)
+    result.answers_joined = len(answers) - len(orphans)
     return result
 
 
-def _parse_file(path: Path, parse: Parser) -> Iterator[Record | Skip]:
-    for line_number, obj in iter_json_lines(path):
-        if isinstance(obj, Skip):
-            yield obj
+def _chosen_format(
+    name: str, items: _Peeked, format_name: str, fields: FieldMap | None
+) -> LogFormat:
+    if format_name == MAPPED.name or (format_name == "auto" and fields and fields.has_request()):
+        if not (fields and fields.has_request()):
+            raise PrefixcheckError("--format mapped needs --prompt-field or --messages-field")
+        return MAPPED
+    return _detect(name, items) if format_name == "auto" else FORMATS[format_name]
+
+
+def _configured(
+    log_format: LogFormat, hash_block_size: int | None, fields: FieldMap | None
+) -> Parser:
+    if log_format.name in ("hash-trace", "bailian-trace") and hash_block_size is not None:
+        return partial(hash_trace.parse, block_size=hash_block_size)
+    if log_format is MAPPED:
+        assert fields is not None
+        return partial(mapped.parse, fields=fields)
+    return log_format.parse
+
+
+@dataclass
+class _Peeked:
+    """The first items of a file (read once, so standard input works) and the rest."""
+
+    head: list[tuple[int, Any]]
+    rest: Iterator[tuple[int, Any]]
+    objects: bool  # items are already objects (Parquet rows, JSON-array items)
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        return chain(self.head, self.rest)
+
+
+def _peek(name: str) -> _Peeked:
+    suffix = base_suffix(name)
+    if suffix == ".parquet":
+        rows = iter_rows(name)
+        return _Peeked(list(islice(rows, DETECTION_LINES)), rows, objects=True)
+    lines = iter_raw_lines(name)
+    head = list(islice(lines, DETECTION_TEXT_LINES))
+    if suffix == ".json" and head and head[0][1].lstrip()[:1] == b"[":
+        items = iter_json_array(name, head[0][1])
+        return _Peeked(list(islice(items, DETECTION_LINES)), items, objects=True)
+    return _Peeked(head, lines, objects=False)
+
+
+def _detect(name: str, items: _Peeked) -> LogFormat:
+    seen_keys: list[str] = []
+    objects = 0
+    for line, item in items.head:
+        value = item if items.objects else _decode(item, name, line)
+        if isinstance(value, Skip):
+            continue
+        if isinstance(value, dict):
+            objects += 1
+            if objects > DETECTION_LINES:
+                break
+            seen_keys = seen_keys or sorted(value)[:8]
+        found = _format_of(value)
+        if found is not None:
+            return found
+    if not seen_keys and not items.head:
+        raise PrefixcheckError(f"{name}: empty input")
+    if not seen_keys:
+        raise PrefixcheckError(
+            f"{name}: no JSON object and no vLLM/SGLang request line in the first "
+            f"{len(items.head)} lines; choose a format with --format ({', '.join(FORMATS)})"
+        )
+    raise PrefixcheckError(
+        f"{name}: unknown log format (keys {seen_keys}); choose one with --format "
+        f"({', '.join(FORMATS)}) or map the fields with --prompt-field / --messages-field"
+    )
+
+
+def _format_of(value: Any) -> LogFormat | None:
+    """The first format that recognises one line (a dict, or a text line)."""
+    for log_format in FORMATS.values():
+        if log_format.text == isinstance(value, str) and log_format.matches(value):
+            return log_format
+    return None
+
+
+def _decode(raw: bytes, name: str, line: int) -> dict[str, Any] | str | Skip:
+    """A JSON object when the line looks like JSON, else the line as text."""
+    if looks_like_json(raw) or not raw.strip():
+        return json_object(raw, name, line)
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        return Skip(name, line, "not UTF-8 text")
+
+
+def _parse_items(
+    name: str,
+    items: _Peeked,
+    log_format: LogFormat,
+    parse: Parser,
+    fields: FieldMap | None,
+) -> Iterator[Parsed | Skip]:
+    for line, item in items:
+        value = _item_value(item, name, line, log_format, items.objects)
+        if isinstance(value, Skip):
+            yield value
             continue
         try:
-            yield parse(obj, str(path), line_number)
+            if not log_format.owns(value):
+                _raise_if_mixed(value, log_format)
+            parsed = parse(value, name, line)
+            if fields is not None and isinstance(value, dict):
+                mapped.apply_overrides(parsed, value, fields)
+            yield parsed
         except BadLine as exc:
-            yield Skip(str(path), line_number, exc.reason)
+            yield Skip(name, line, exc.reason)
+
+
+def _item_value(
+    item: Any, name: str, line: int, log_format: LogFormat, objects: bool
+) -> dict[str, Any] | str | Skip:
+    if objects:
+        return item if isinstance(item, dict) else Skip(name, line, "expected a JSON object")
+    if log_format.text:
+        try:
+            return item.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            return Skip(name, line, "not UTF-8 text")
+    return json_object(item, name, line)
+
+
+def _raise_if_mixed(value: Any, log_format: LogFormat) -> None:
+    other = _format_of(value)
+    if other is not None and other is not log_format:
+        raise BadLine(
+            f"a {other.name!r} line in a {log_format.name!r} file (mixed formats: split the "
+            "file, or choose one with --format)"
+        )

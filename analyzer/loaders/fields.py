@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from analyzer.errors import BadLine
+
+# Epoch times above this are milliseconds (1e11 s is the year 5138).
+MILLISECONDS_FROM = 1e11
 
 
 def optional_str(obj: dict[str, Any], key: str) -> str | None:
@@ -58,3 +62,52 @@ def int_list(obj: dict[str, Any], key: str, *, required: bool) -> list[int] | No
         if not 0 <= item < 2**31:
             raise BadLine(f"field {key!r}[{position}] = {item} is outside 0..2^31-1")
     return value
+
+
+def dotted(obj: Any, path: str) -> Any:
+    """The value at a dotted path (``request.body.messages``, ``choices.0.text``), or None."""
+    for part in path.split("."):
+        if isinstance(obj, dict):
+            obj = obj.get(part)
+        elif isinstance(obj, list) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        else:
+            return None
+    return obj
+
+
+def parse_time(value: Any, key: str) -> float | None:
+    """Seconds since the epoch from a number (seconds, or milliseconds when it is that large) or
+    an ISO 8601 string."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise BadLine(f"field {key!r} must be a time, got a boolean")
+    if isinstance(value, int | float):
+        return float(value) / 1000.0 if value > MILLISECONDS_FROM else float(value)
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise BadLine(f"field {key!r} is not a time: {value[:40]!r}") from None
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    raise BadLine(f"field {key!r} must be a time, got {type(value).__name__}")
+
+
+def dict_field(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    """A nested object, or an empty one when absent."""
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadLine(f"field {key!r} must be an object, got {type(value).__name__}")
+    return value
+
+
+def cached_tokens(usage: Any) -> int | None:
+    """The server's cached prompt tokens from an OpenAI-style ``usage`` object."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,5 +1,7 @@
-"""Hash-id traces (Mooncake): ``{"timestamp": ms, "input_length": n, "output_length": m,
-"hash_ids": [...]}``, one id per block of ``block_size`` prompt tokens, the last block partial.
+"""Hash-id traces: Mooncake's ``{"timestamp": ms, "input_length": n, "output_length": m,
+"hash_ids": [...]}`` (512-token blocks) and Alibaba Bailian's ``{"chat_id", "parent_chat_id",
+"timestamp": s, "input_length", "output_length", "type", "turn", "hash_ids"}`` (16-token blocks):
+one id per block of ``block_size`` prompt tokens, the last block partial.
 
 Each id is expanded into synthetic token ids so that equal ids give equal tokens and different ids
 differ at the block's first token: a block's first token is its id, the others their offset in the
@@ -18,10 +20,15 @@ from analyzer.loaders.fields import int_list, optional_int, optional_number
 from analyzer.records import Record
 
 DEFAULT_BLOCK_SIZE = 512
+BAILIAN_BLOCK_SIZE = 16
 
 
 def matches(obj: dict[str, Any]) -> bool:
     return "hash_ids" in obj
+
+
+def matches_bailian(obj: dict[str, Any]) -> bool:
+    return "hash_ids" in obj and "chat_id" in obj
 
 
 def expand_hash_ids(hash_ids: list[int], input_length: int, block_size: int) -> np.ndarray:
@@ -51,11 +58,14 @@ def parse(
     output_length = optional_int(obj, "output_length")
     if output_length is not None and output_length < 0:
         raise BadLine(f"output_length must be >= 0, got {output_length}")
-    timestamp_ms = optional_number(obj, "timestamp")
+    timestamp = optional_number(obj, "timestamp")
+    bailian = "chat_id" in obj
     return Record(
         file=file,
         line=line,
         prompt_token_ids=expand_hash_ids(hash_ids, input_length, block_size),
         output_length=output_length,
-        arrival_s=None if timestamp_ms is None else timestamp_ms / 1000.0,
+        # Mooncake timestamps are milliseconds, Bailian's seconds.
+        arrival_s=None if timestamp is None else timestamp if bailian else timestamp / 1000.0,
+        request_id=str(obj["chat_id"]) if bailian else None,
     )

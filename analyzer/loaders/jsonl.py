@@ -3,37 +3,25 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from analyzer.errors import PrefixcheckError, Skip
+from analyzer.errors import Skip
 
 
-def iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | Skip]]:
-    """Yield ``(line_number, object)`` for each line, or a Skip saying why it is not an object."""
+def json_object(raw: bytes, file: str, line: int) -> dict[str, Any] | Skip:
+    """The JSON object on one line, or a Skip saying why it is not one."""
+    if not raw.strip():
+        return Skip(file, line, "blank line")
     try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise PrefixcheckError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    with handle:
-        for line_number, raw in enumerate(handle, 1):
-            if not raw.strip():
-                yield line_number, Skip(str(path), line_number, "blank line")
-                continue
-            try:
-                obj = json.loads(raw)
-            except UnicodeDecodeError:
-                yield line_number, Skip(str(path), line_number, "not UTF-8 text")
-                continue
-            except json.JSONDecodeError as exc:
-                yield line_number, Skip(str(path), line_number, f"malformed JSON ({exc.msg})")
-                continue
-            if not isinstance(obj, dict):
-                kind = type(obj).__name__
-                yield (
-                    line_number,
-                    Skip(str(path), line_number, f"expected a JSON object, got {kind}"),
-                )
-                continue
-            yield line_number, obj
+        obj = json.loads(raw)
+    except UnicodeDecodeError:
+        return Skip(file, line, "not UTF-8 text")
+    except json.JSONDecodeError as exc:
+        return Skip(file, line, f"malformed JSON ({exc.msg})")
+    if not isinstance(obj, dict):
+        return Skip(file, line, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def looks_like_json(raw: bytes) -> bool:
+    return raw.lstrip()[:1] in (b"{", b"[")

@@ -4,7 +4,12 @@ Accepted shapes, one request a line:
 ``{"model": ..., "messages": [...], "tools": [...], "cache_salt": ...}`` (the request body), or
 ``{"request": {...body...}, "response": {...chat.completion...}}``; an answer is read from
 ``response.choices[0].message.content`` or a top-level ``response`` / ``completion`` / ``output``
-string.
+string, and the server's cached prompt tokens from
+``response.usage.prompt_tokens_details.cached_tokens``.
+
+The body's ``cache_salt`` (vLLM) separates cache namespaces; ``user`` or ``prompt_cache_key``
+name the tenant; ``chat_template_kwargs`` and ``add_generation_prompt`` reach the template as
+vLLM passes them.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import optional_number, optional_str
+from analyzer.loaders.fields import cached_tokens, optional_number, optional_str
 from analyzer.records import Message, Record
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -25,29 +30,43 @@ def matches(obj: dict[str, Any]) -> bool:
 
 def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     body = obj["request"] if isinstance(obj.get("request"), dict) else obj
-    messages = _messages(body.get("messages"))
+    record = request_record(body, file, line)
+    answer, finish_reason, output_length, created, cached = response_fields(obj)
+    arrival = optional_number(obj, "timestamp")
+    record.output_text = answer
+    record.output_length = output_length
+    record.finish_reason = finish_reason or optional_str(obj, "finish_reason")
+    record.server_cached_tokens = cached
+    record.arrival_s = arrival if arrival is not None else created
+    return record
+
+
+def request_record(body: dict[str, Any], file: str, line: int) -> Record:
+    """The request part of a chat-completions body (messages, tools, salt, tenant, kwargs)."""
+    messages = check_messages(body.get("messages"))
     tools = body.get("tools")
     if tools is not None and not (
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
     ):
         raise BadLine("field 'tools' must be a list of objects")
-    answer, finish_reason, output_length, created = _response(obj)
-    arrival = optional_number(obj, "timestamp")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise BadLine("field 'chat_template_kwargs' must be an object")
+    add_generation_prompt = body.get("add_generation_prompt", True)
     return Record(
         file=file,
         line=line,
         messages=messages,
         tools=tools or None,
-        output_text=answer,
-        output_length=output_length,
-        finish_reason=finish_reason or optional_str(obj, "finish_reason"),
         cache_salt=optional_str(body, "cache_salt") or None,
         model=optional_str(body, "model"),
-        arrival_s=arrival if arrival is not None else created,
+        tenant=optional_str(body, "user") or optional_str(body, "prompt_cache_key") or None,
+        chat_template_kwargs=kwargs or None,
+        add_generation_prompt=add_generation_prompt is not False,
     )
 
 
-def _messages(value: Any) -> list[Message]:
+def check_messages(value: Any) -> list[Message]:
     if not isinstance(value, list):
         raise BadLine("field 'messages' must be a list")
     if not value:
@@ -68,22 +87,34 @@ def _messages(value: Any) -> list[Message]:
     return value
 
 
-def _response(obj: dict[str, Any]) -> tuple[str | None, str | None, int | None, float | None]:
-    """The answer text, finish reason, output token count and creation time, where logged."""
+def response_fields(
+    obj: dict[str, Any],
+) -> tuple[str | None, str | None, int | None, float | None, int | None]:
+    """The answer text, finish reason, output token count, creation time and the server's cached
+    prompt tokens, where logged."""
     response = obj.get("response")
     for key in ("completion", "output"):
         if isinstance(obj.get(key), str):
-            return obj[key], None, None, None
+            return obj[key], None, None, None, None
     if isinstance(response, str):
-        return response, None, None, None
+        return response, None, None, None, None
     if not isinstance(response, dict):
-        return None, None, None, None
+        return None, None, None, None, None
+    return completion_fields(response)
+
+
+def completion_fields(
+    response: dict[str, Any],
+) -> tuple[str | None, str | None, int | None, float | None, int | None]:
+    """The same fields from a ``chat.completion`` (or ``text_completion``) object."""
     choices = response.get("choices")
     answer = finish_reason = None
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         message = choices[0].get("message") or {}
         if isinstance(message, dict) and isinstance(message.get("content"), str):
             answer = message["content"]
+        elif isinstance(choices[0].get("text"), str):  # a completions response
+            answer = choices[0]["text"]
         if isinstance(choices[0].get("finish_reason"), str):
             finish_reason = choices[0]["finish_reason"]
     usage = response.get("usage")
@@ -96,4 +127,5 @@ def _response(obj: dict[str, Any]) -> tuple[str | None, str | None, int | None, 
         finish_reason,
         output_length,
         float(created) if isinstance(created, int) else None,
+        cached_tokens(usage),
     )

@@ -1,0 +1,48 @@
+"""LiteLLM's StandardLoggingPayload (one logged call a line, as its loggers write it):
+``{"id", "call_type", "status", "startTime", "model", "messages", "response", "metadata":
+{"user_api_key_team_id", ...}, "end_user", "model_parameters", ...}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.errors import BadLine
+from analyzer.loaders.fields import dict_field, optional_number, optional_str
+from analyzer.loaders.openai_chat import check_messages, completion_fields
+from analyzer.records import Record
+
+
+def matches(obj: dict[str, Any]) -> bool:
+    return "call_type" in obj and "messages" in obj and ("startTime" in obj or "status" in obj)
+
+
+def parse(obj: dict[str, Any], file: str, line: int) -> Record:
+    if obj.get("status") == "failure":
+        error = optional_str(obj, "error_str") or "no error text"
+        raise BadLine(f"failed call, not served ({error[:80]})")
+    messages = obj.get("messages")
+    record = Record(file=file, line=line)
+    if isinstance(messages, str):
+        if not messages:
+            raise BadLine("empty prompt")
+        record.prompt = messages
+    else:
+        record.messages = check_messages(messages)
+        tools = dict_field(obj, "model_parameters").get("tools")
+        record.tools = tools if isinstance(tools, list) and tools else None
+    response = obj.get("response")
+    if isinstance(response, dict):
+        answer, finish, output_length, _, cached = completion_fields(response)
+        record.output_text, record.finish_reason = answer, finish
+        record.output_length, record.server_cached_tokens = output_length, cached
+    metadata = dict_field(obj, "metadata")
+    record.model = optional_str(obj, "model")
+    record.tenant = (
+        optional_str(metadata, "user_api_key_team_id")
+        or optional_str(obj, "end_user")
+        or optional_str(metadata, "user_api_key_user_id")
+        or None
+    )
+    record.request_id = optional_str(obj, "id")
+    record.arrival_s = optional_number(obj, "startTime")
+    return record
