@@ -24,7 +24,7 @@ from analyzer.loaders import (
     token_ids,
 )
 from analyzer.loaders.joins import Answer, join_answers
-from analyzer.loaders.jsonl import json_object, looks_like_json
+from analyzer.loaders.jsonl import json_object
 from analyzer.loaders.mapped import FieldMap
 from analyzer.loaders.sources import (
     base_suffix,
@@ -297,8 +297,9 @@ def _format_of(value: Any) -> LogFormat | None:
 
 
 def _decode(raw: bytes, name: str, line: int) -> dict[str, Any] | str | Skip:
-    """A JSON object when the line looks like JSON, else the line as text."""
-    if looks_like_json(raw) or not raw.strip():
+    """A JSON object when the line looks like one, else the line as text (server logs' lines
+    may start with ``[``, a timestamp)."""
+    if raw.lstrip()[:1] == b"{" or not raw.strip():
         return json_object(raw, name, line)
     try:
         return raw.decode("utf-8").rstrip("\r\n")

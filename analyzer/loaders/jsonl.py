@@ -22,6 +22,3 @@ def json_object(raw: bytes, file: str, line: int) -> dict[str, Any] | Skip:
         return Skip(file, line, f"expected a JSON object, got {type(obj).__name__}")
     return obj
 
-
-def looks_like_json(raw: bytes) -> bool:
-    return raw.lstrip()[:1] in (b"{", b"[")

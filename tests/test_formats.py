@@ -1,0 +1,280 @@
+"""Every log format: its fixture (tests/fixtures, written from each tool's own field names and log
+lines) is detected and yields the right requests; bad and mixed lines give reasons and lines."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import zstandard
+
+from analyzer.errors import PrefixcheckError, StrictModeError
+from analyzer.loaders import detect_format, load_logs
+from analyzer.loaders.mapped import FieldMap
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def load(*names: str, **kwargs: object):  # type: ignore[no-untyped-def]
+    return load_logs([FIXTURES / name for name in names], **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("openai_chat.jsonl", "openai"),
+        ("openai_batch_input.jsonl", "openai-batch"),
+        ("openai_batch_output.jsonl", "openai-batch"),
+        ("anthropic_messages.jsonl", "anthropic"),
+        ("litellm_payloads.jsonl", "litellm"),
+        ("langfuse_observations.json", "langfuse"),
+        ("helicone_export.jsonl", "helicone"),
+        ("sharegpt.json", "sharegpt"),
+        ("lmsys_chat.jsonl", "lmsys"),
+        ("vllm_server.log", "vllm-log"),
+        ("sglang_server.log", "sglang-log"),
+        ("bailian_trace.jsonl", "bailian-trace"),
+        ("mooncake_trace.jsonl", "hash-trace"),
+        ("prompts.jsonl", "prompt"),
+        ("tokens.jsonl", "tokens"),
+    ],
+)
+def test_each_fixture_is_detected(name: str, expected: str) -> None:
+    assert detect_format(FIXTURES / name).name == expected
+
+
+def test_openai_requests_and_responses() -> None:
+    loaded = load("openai_chat.jsonl")
+    first, second, third = loaded.records
+    assert first.messages[1]["content"] == "My deploy of p-1042 fails with exit code 137."
+    assert first.tools[0]["function"]["name"] == "get_status"
+    assert (first.tenant, first.server_cached_tokens, first.finish_reason) == (
+        "team-alpha",
+        0,
+        "stop",
+    )
+    assert first.output_text.startswith("Exit code 137")
+    assert first.arrival_s == pytest.approx(1767225600.12)
+    assert (second.cache_salt, second.tenant) == ("tenant-b", "support-v3")
+    assert second.chat_template_kwargs == {"enable_thinking": False}
+    assert second.server_cached_tokens == 224
+    assert second.finish_reason == "tool_calls" and second.output_text is None
+    assert third.output_text is None and third.server_cached_tokens is None
+    assert loaded.skips == []
+
+
+def test_batch_input_joined_with_its_output() -> None:
+    loaded = load("openai_batch_input.jsonl", "openai_batch_output.jsonl")
+    assert [r.request_id for r in loaded.records] == ["req-001", "req-002"]
+    assert [r.output_text for r in loaded.records] == ["billing", "outage"]
+    assert loaded.answers_joined == 2
+    (skip,) = loaded.skips
+    assert skip.line == 3 and "/v1/embeddings" in skip.reason
+
+
+def test_batch_output_alone_names_the_missing_requests() -> None:
+    loaded = load("openai_batch_output.jsonl")
+    assert loaded.records == []
+    assert [s.line for s in loaded.skips] == [1, 2]
+    assert "no request line has" in loaded.skips[0].reason
+
+
+def test_anthropic_converted_like_vllms_messages_endpoint() -> None:
+    first, second = load("anthropic_messages.jsonl").records
+    assert first.messages[0] == {
+        "role": "system",
+        "content": "You are a code reviewer for the Acme monorepo.",
+    }
+    assert first.tools[0]["function"]["parameters"]["required"] == ["path"]
+    assert first.tenant == "user-77" and first.finish_reason == "tool_calls"
+    roles = [m["role"] for m in second.messages]
+    assert roles == ["system", "user", "assistant", "tool"]
+    call = second.messages[2]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"path": "api/handlers.py"}
+    assert second.messages[3]["tool_call_id"] == "toolu_01"
+    assert second.server_cached_tokens == 380
+    assert second.output_text == "The handler passes an unchecked id straight to the database."
+
+
+def test_litellm_payloads() -> None:
+    loaded = load("litellm_payloads.jsonl")
+    (record,) = loaded.records
+    assert record.tenant == "team-search" and record.model == "llama-3.1-8b"
+    assert record.server_cached_tokens == 32 and record.arrival_s == 1767228000.25
+    (skip,) = loaded.skips
+    assert skip.line == 2 and skip.reason.startswith("failed call, not served (RateLimitError")
+
+
+def test_langfuse_generations_and_skipped_spans() -> None:
+    loaded = load("langfuse_observations.json")
+    first, second = loaded.records
+    assert first.output_text == "Refunds are possible within 30 days of purchase."
+    assert (first.server_cached_tokens, first.tenant, first.finish_reason) == (
+        384,
+        "cust-31",
+        "stop",
+    )
+    assert first.arrival_s == pytest.approx(1767261600.25)
+    assert second.tools is not None and second.output_text.startswith("Yes")
+    (skip,) = loaded.skips
+    assert skip.line == 1 and skip.reason == "a SPAN observation, not a generation"
+
+
+def test_helicone_export() -> None:
+    (record,) = load("helicone_export.jsonl").records
+    assert record.tenant == "alice@example.com" and record.server_cached_tokens == 64
+    assert record.output_text == "Open Settings > API keys and press Rotate."
+    assert record.request_id == "hreq-1" and record.arrival_s == pytest.approx(1767340800.5)
+
+
+def test_conversations_expand_to_one_request_per_assistant_turn() -> None:
+    sharegpt = load("sharegpt.json").records
+    assert len(sharegpt) == 3
+    assert [len(r.messages) for r in sharegpt] == [2, 4, 1]
+    assert sharegpt[1].messages[-1] == {"role": "user", "content": "Add a tea ceremony."}
+    assert sharegpt[1].output_text.startswith("Book the tea ceremony")
+    assert {r.line for r in sharegpt} == {1, 2}
+    lmsys = load("lmsys_chat.jsonl").records
+    assert [(r.model, len(r.messages)) for r in lmsys] == [
+        ("vicuna-13b", 1),
+        ("llama-2-13b-chat", 1),
+        ("llama-2-13b-chat", 3),
+    ]
+
+
+def test_vllm_server_log() -> None:
+    loaded = load("vllm_server.log")
+    first, second = loaded.records
+    assert first.request_id == "chatcmpl-4d1f0c2a" and len(first.prompt_token_ids) == 30
+    assert first.prompt is None
+    assert first.output_text == "SELECT count(*) FROM customers WHERE country = 'NO';"
+    assert first.output_token_ids[-1] == 151645 and first.finish_reason == "stop"
+    assert second.prompt.startswith("<|im_start|>system\nYou are a SQL assistant.")
+    assert (second.lora, second.add_special_tokens) == ("sql-lora", False)
+    assert second.arrival_s - first.arrival_s == 3
+    assert loaded.answers_joined == 1
+    reasons = {s.reason.split(" (")[0] for s in loaded.skips}
+    assert reasons == {"not a 'Received request' or 'Generated response' line", "streaming delta"}
+    assert len(loaded.skips) == 6
+
+
+def test_sglang_server_log() -> None:
+    loaded = load("sglang_server.log")
+    first, second = loaded.records
+    assert first.prompt.endswith("What is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert (first.output_text, first.server_cached_tokens, first.finish_reason) == ("4", 0, "stop")
+    assert first.output_token_ids == [19, 151645]
+    assert second.prompt is None and second.prompt_token_ids[0] == 151644
+    assert (second.lora, second.server_cached_tokens) == ("math-lora", 24)
+    assert second.arrival_s - first.arrival_s == 2
+    truncated = [s for s in loaded.skips if s.line == 7]
+    assert truncated and "truncated" in truncated[0].reason
+
+
+def test_hash_traces() -> None:
+    bailian = load("bailian_trace.jsonl").records
+    assert [len(r.prompt_token_ids) for r in bailian] == [40, 70]
+    assert np.array_equal(bailian[0].prompt_token_ids[:32], bailian[1].prompt_token_ids[:32])
+    assert bailian[0].prompt_token_ids[32] != bailian[1].prompt_token_ids[32]
+    assert bailian[1].arrival_s == 2.5 and bailian[1].request_id == "1"
+    mooncake = load("mooncake_trace.jsonl").records
+    assert mooncake[1].arrival_s == 0.25 and len(mooncake[1].prompt_token_ids) == 1600
+
+
+def test_compressed_parquet_and_folders(tmp_path: Path) -> None:
+    source = (FIXTURES / "openai_chat.jsonl").read_bytes()
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(source))
+    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(source))
+    rows = [json.loads(line) for line in source.splitlines()]
+    frame = pl.DataFrame(
+        {
+            "timestamp": [r.get("timestamp") for r in rows],
+            "messages": [json.dumps((r.get("request") or r)["messages"]) for r in rows],
+            "model": [(r.get("request") or r)["model"] for r in rows],
+        }
+    )
+    frame.write_parquet(tmp_path / "c.parquet")
+    loaded = load_logs([tmp_path])
+    assert loaded.formats == {
+        str(tmp_path / "a.jsonl.gz"): "openai",
+        str(tmp_path / "b.jsonl.zst"): "openai",
+        str(tmp_path / "c.parquet"): "openai",
+    }
+    assert len(loaded.records) == 9 and loaded.skips == []
+    assert loaded.records[6].messages[1]["content"].startswith("My deploy")
+    assert load_logs([str(tmp_path / "*.zst")]).formats == {str(tmp_path / "b.jsonl.zst"): "openai"}
+
+
+def test_standard_input() -> None:
+    code = (
+        "from analyzer.loaders import load_logs\n"
+        "loaded = load_logs(['-'])\n"
+        "print(len(loaded.records), loaded.formats)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        input=(FIXTURES / "lmsys_chat.jsonl").read_bytes(),
+        capture_output=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert result.stdout.decode().strip() == "3 {'-': 'lmsys'}"
+
+
+def test_field_mapping(tmp_path: Path) -> None:
+    log = tmp_path / "custom.jsonl"
+    rows = [
+        {
+            "ts": "2026-01-01T00:00:01Z",
+            "org": {"id": "o1"},
+            "payload": {"input": {"chat": [{"role": "user", "content": "hi"}]}},
+            "k": "s",
+        },
+        {"ts": "2026-01-01T00:00:02Z", "org": {"id": "o2"}, "payload": {"input": {"chat": "oops"}}},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fields = FieldMap(messages="payload.input.chat", time="ts", tenant="org.id", salt="k")
+    loaded = load_logs([log], fields=fields)
+    assert loaded.formats == {str(log): "mapped"}
+    (record,) = loaded.records
+    assert (record.tenant, record.cache_salt, record.arrival_s) == ("o1", "s", 1767225601.0)
+    (skip,) = loaded.skips
+    assert (skip.line, skip.reason) == (2, "field 'messages' must be a list")
+    overridden = load("prompts.jsonl", fields=FieldMap(tenant="model"))
+    assert overridden.records[0].tenant == "qwen2.5-7b-instruct"
+
+
+def test_mixed_formats_name_the_line(tmp_path: Path) -> None:
+    log = tmp_path / "mixed.jsonl"
+    shutil.copy(FIXTURES / "openai_chat.jsonl", log)
+    with log.open("a") as handle:
+        handle.write(json.dumps({"prompt_token_ids": [1, 2]}) + "\n{broken\n")
+    loaded = load_logs([log])
+    assert len(loaded.records) == 3
+    first, second = loaded.skips
+    assert (first.line, second.line) == (4, 5)
+    assert first.reason.startswith("a 'tokens' line in a 'openai' file (mixed formats")
+    assert second.reason.startswith("malformed JSON")
+    with pytest.raises(StrictModeError, match=r"mixed\.jsonl:4: a 'tokens' line"):
+        load_logs([log], strict=True)
+
+
+def test_unknown_and_empty_inputs(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(PrefixcheckError, match="empty input"):
+        load_logs([tmp_path / "empty.jsonl"])
+    (tmp_path / "text.log").write_text("just some text\n")
+    with pytest.raises(PrefixcheckError, match="no JSON object and no vLLM/SGLang request line"):
+        load_logs([tmp_path / "text.log"])
+    with pytest.raises(PrefixcheckError, match="no file matches"):
+        load_logs([str(tmp_path / "*.nothing")])
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(PrefixcheckError, match="cannot decompress"):
+        load_logs([tmp_path / "bad.jsonl.gz"])
