@@ -102,6 +102,11 @@ class Tokenizer(Protocol):
         """A hash of everything that decides the ids (the token cache's key)."""
         ...
 
+    @property
+    def description(self) -> str:
+        """The name as reports show it."""
+        ...
+
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]: ...
 
     def decode(self, ids: np.ndarray) -> str: ...
@@ -135,6 +140,10 @@ class TiktokenTokenizer:
         return tiktoken.Encoding(
             self.name, pat_str=self.pattern, mergeable_ranks=ranks, special_tokens=self.added_tokens
         )
+
+    @property
+    def description(self) -> str:
+        return self.name
 
     @cached_property
     def fingerprint(self) -> str:
