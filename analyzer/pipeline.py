@@ -12,6 +12,8 @@ from analyzer.chat import chat_renderer
 from analyzer.errors import PrefixcheckError
 from analyzer.loaders import load_logs
 from analyzer.loaders.hash_trace import DEFAULT_BLOCK_SIZE
+from analyzer.measure.estimate import prefill_estimate
+from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
 from analyzer.prefixes import SharedPrefix, shared_prefixes
 from analyzer.progress import NoProgress, Progress
 from analyzer.replay import (
@@ -48,6 +50,7 @@ class AnalyzeOptions:
     hash_block_size: int = DEFAULT_BLOCK_SIZE
     top_prefixes: int = 10
     redact: bool = False
+    model_preset: str = DEFAULT_ESTIMATE_PRESET  # the model shape of the prefill estimate
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ def analyze(
     paths: list[Path], options: AnalyzeOptions, progress: Progress | None = None
 ) -> Analysis:
     progress = progress or NoProgress()
+    shape = preset(options.model_preset)
     progress.stage("reading logs", None)
     loaded = load_logs(
         paths, options.format, strict=options.strict, hash_block_size=options.hash_block_size
@@ -141,6 +145,13 @@ def analyze(
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
             if order is not None
             else []
+        ),
+        prefill_estimate=prefill_estimate(
+            shape,
+            workload.prompt_lengths,
+            {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens},
+            distinct_tokens=int(replays.trie.length.sum()),
+            capacity_tokens=options.settings.capacity_tokens,
         ),
     )
     return Analysis(

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from analyzer.errors import Skip
+from analyzer.measure.estimate import PrefillEstimate
+from analyzer.measure.result import Measurement
 
 SCHEMA_VERSION = 1
 SKIP_EXAMPLES = 5
@@ -82,6 +84,8 @@ class Report:
     shared_prefixes: list[PrefixSummary]
     recommendations: list[Recommendation]
     notes: list[str] = field(default_factory=list)
+    prefill_estimate: PrefillEstimate | None = None  # FLOPs and KV bytes on a model shape
+    measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (stable keys)."""
@@ -106,6 +110,8 @@ class Report:
             "shared_prefixes": [asdict(prefix) for prefix in self.shared_prefixes],
             "recommendations": [asdict(item) for item in self.recommendations],
             "notes": self.notes,
+            "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
+            "measurement": self.measurement.to_dict() if self.measurement else None,
         }
 
 

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from analyzer.gates import GateResult
 from analyzer.report import EngineSummary, Report
+from cli.render_measure import estimate_table, render_measurement
 
 
 def render_report(report: Report, console: Console) -> None:
@@ -17,6 +18,8 @@ def render_report(report: Report, console: Console) -> None:
     if report.skipped.count:
         console.print(_skipped(report))
     console.print(_engines(report))
+    if report.prefill_estimate is not None:
+        console.print(estimate_table(report.prefill_estimate))
     if report.shared_prefixes:
         console.print(_prefixes(report))
     if report.recommendations:
@@ -30,6 +33,8 @@ def render_report(report: Report, console: Console) -> None:
         )
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))
+    if report.measurement is not None:
+        render_measurement(report.measurement, console)
 
 
 def _header(report: Report) -> Text:
