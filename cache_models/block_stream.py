@@ -1,0 +1,115 @@
+"""Each request's cacheable blocks as dense item ids: the access stream that offline cache analyses
+(LRU stack distances, the Belady bound) read.
+
+A block item stands for one (namespace, prefix) ending on a block boundary, as an engine's chained
+block key does. Ids come from the prefix trie of the same workload: the id of the block that ends at
+prompt position ``i`` is the trie's store index of token ``i`` on the request's path, which is
+unique per (namespace, prefix). Blocks the trie does not hold (after an unknown output token) can
+never be hit; each gets an id of its own above the trie's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from cache_models.prefix_trie import TrieNodes
+from cache_models.trie_walk import child_map, child_of
+from cache_models.workload import Workload
+
+
+@dataclass(frozen=True)
+class BlockStream:
+    """Request r's cacheable full blocks are ``items[offsets[r] : offsets[r + 1]]``, root first."""
+
+    items: np.ndarray  # int64 item ids
+    offsets: np.ndarray  # int64, one more than requests
+    lookup: np.ndarray  # int64 per request: its leading blocks a lookup may hit, (L - 1) // B
+    peak: np.ndarray  # int64 per request: blocks it holds at its peak (whole blocks)
+    n_items: int  # ids are < n_items
+    block_size: int
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.offsets) - 1
+
+
+def block_stream(
+    trie: TrieNodes, workload: Workload, block_size: int, cached_tokens: np.ndarray
+) -> BlockStream:
+    """The stream at ``block_size``; request r caches the full blocks of its first
+    ``cached_tokens[r]`` tokens of prompt + outputs (``trie`` must be built from ``workload``)."""
+    prompt_lengths = workload.prompt_lengths.astype(np.int64)
+    cached = np.minimum(cached_tokens.astype(np.int64), prompt_lengths + workload.output_lengths)
+    offsets = np.zeros(workload.n_requests + 1, np.int64)
+    np.cumsum(cached // block_size, out=offsets[1:])
+    items = np.empty(offsets[-1], np.int64)
+    n_items = _walk(
+        child_map(trie),
+        trie.start,
+        trie.length,
+        trie.store,
+        workload.prompt_tokens,
+        workload.prompt_offsets,
+        workload.output_tokens,
+        workload.output_offsets,
+        workload.namespace.astype(np.int64),
+        cached,
+        block_size,
+        offsets,
+        items,
+    )
+    peak_tokens = prompt_lengths + workload.output_lengths - 1
+    return BlockStream(
+        items=items,
+        offsets=offsets,
+        lookup=(prompt_lengths - 1) // block_size,
+        peak=-(-peak_tokens // block_size),
+        n_items=int(n_items),
+        block_size=block_size,
+    )
+
+
+@njit(cache=True)
+def _walk(
+    children,
+    start,
+    length,
+    store,
+    prompt_tokens,
+    prompt_offsets,
+    output_tokens,
+    output_offsets,
+    namespace,
+    cached,
+    block_size,
+    offsets,
+    items,
+):
+    n_store = len(store)
+    next_unique = n_store
+    for r in range(len(prompt_offsets) - 1):
+        p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
+        o0 = output_offsets[r]
+        prompt_len = p1 - p0
+        node = child_of(children, 0, namespace[r])
+        pos = 0  # tokens of ``node`` matched so far
+        out = offsets[r]
+        for i in range(cached[r]):
+            token = prompt_tokens[p0 + i] if i < prompt_len else output_tokens[o0 + i - prompt_len]
+            if node >= 0 and pos == length[node]:
+                node = child_of(children, node, token)
+                pos = 0
+            if node >= 0 and (token < 0 or store[start[node] + pos] != token):
+                node = -1
+            pos += 1
+            if (i + 1) % block_size == 0:
+                if node >= 0:
+                    items[out] = start[node] + pos - 1
+                else:
+                    items[out] = next_unique
+                    next_unique += 1
+                out += 1
+    return next_unique

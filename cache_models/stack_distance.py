@@ -1,0 +1,96 @@
+"""LRU stack distances of a block stream: the hit-vs-capacity curve of an LRU prefix cache in one
+pass (Mattson's stack algorithm), instead of one replay per capacity.
+
+The model: a request looks up its leading blocks, then releases every block it caches, deepest
+first, so that a prefix is always more recent than its extensions (vLLM appends a request's freed
+blocks to its free queue last block first; SGLang stamps a matched path and evicts leaves). A block
+is cached at a lookup when fewer than ``capacity`` other blocks were released since its own last
+release. A request hits its leading run of cached blocks, and only when its peak fits the cache.
+
+What this leaves out, so the curve is an approximation of an engine's replay (measured against
+full replays in the tests and in the report): duplicate copies of a block (vLLM) and whole-node or
+one-page-early evictions (SGLang) that take room, requests too big for a small cache that the
+engine skips (here they still touch the stack), and every policy but LRU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from cache_models.block_stream import BlockStream
+
+NEVER = np.iinfo(np.int64).max
+
+
+def hit_thresholds(stream: BlockStream, held_back: np.ndarray | None = None) -> np.ndarray:
+    """For every lookup block, the smallest capacity (in blocks) at which it hits, ascending.
+
+    ``held_back[r]`` blocks of the cache are unavailable to request r's lookup (vLLM: the previous
+    request's partial block, which its free queue keeps at the head). A block that was never
+    released before has no threshold and is left out.
+    """
+    extra = np.zeros(stream.n_requests, np.int64) if held_back is None else held_back
+    thresholds = _thresholds(
+        stream.items, stream.offsets, stream.lookup, stream.peak, extra, stream.n_items
+    )
+    return np.sort(thresholds[thresholds != NEVER])
+
+
+def hit_blocks(thresholds: np.ndarray, capacity_blocks: np.ndarray) -> np.ndarray:
+    """Total hit blocks of the LRU model at each capacity."""
+    return np.searchsorted(thresholds, capacity_blocks, side="right")
+
+
+@njit(cache=True)
+def _thresholds(items, offsets, lookup, peak, extra, n_items):
+    n_requests = len(offsets) - 1
+    n_updates = len(items)
+    fenwick = np.zeros(n_updates + 1, np.int32)  # one marker at each item's last release time
+    last = np.full(n_items, -1, np.int64)
+    n_marked = 0
+    clock = 0
+    out_offsets = np.zeros(n_requests + 1, np.int64)
+    for r in range(n_requests):
+        out_offsets[r + 1] = out_offsets[r] + min(lookup[r], offsets[r + 1] - offsets[r])
+    out = np.empty(out_offsets[-1], np.int64)
+    for r in range(n_requests):
+        first, stop = offsets[r], offsets[r + 1]
+        running = np.int64(0)
+        for j in range(out_offsets[r + 1] - out_offsets[r]):
+            item = items[first + j]
+            if last[item] < 0 or running == NEVER:
+                running = NEVER
+            else:
+                distance = n_marked - _prefix(fenwick, last[item])  # releases more recent
+                running = max(running, distance + extra[r] + 1, peak[r])
+            out[out_offsets[r] + j] = running
+        for j in range(stop - 1, first - 1, -1):  # release, deepest first
+            item = items[j]
+            if last[item] >= 0:
+                _add(fenwick, last[item], -1)
+            else:
+                n_marked += 1
+            last[item] = clock
+            _add(fenwick, clock, 1)
+            clock += 1
+    return out
+
+
+@njit(cache=True, inline="always")
+def _add(fenwick, index, delta):
+    i = index + 1
+    while i < len(fenwick):
+        fenwick[i] += delta
+        i += i & -i
+
+
+@njit(cache=True, inline="always")
+def _prefix(fenwick, index):
+    """Markers at times <= index."""
+    total = 0
+    i = index + 1
+    while i > 0:
+        total += fenwick[i]
+        i -= i & -i
+    return total
