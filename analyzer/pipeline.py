@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 
-from analyzer.chat import chat_renderer
-from analyzer.errors import PrefixcheckError
-from analyzer.loaders import load_logs
-from analyzer.loaders.hash_trace import DEFAULT_BLOCK_SIZE
+from analyzer.ingest import IngestOptions, ingest
+from analyzer.loaders.mapped import FieldMap
 from analyzer.measure.estimate import prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
+from analyzer.per_model import model_labels, model_summaries, replay_by_model
 from analyzer.prefixes import SharedPrefix, shared_prefixes
 from analyzer.progress import NoProgress, Progress
 from analyzer.replay import (
@@ -23,7 +23,6 @@ from analyzer.replay import (
     hit_rate,
     in_input_order,
     mean_request_hit_rate,
-    replay_all,
 )
 from analyzer.report import (
     EngineSummary,
@@ -32,9 +31,10 @@ from analyzer.report import (
     Report,
     SkipSummary,
 )
+from analyzer.server_compare import compare_with_server
 from analyzer.snippets import snippet
-from analyzer.tokenizer import Tokenizer, load_tokenizer
-from analyzer.workload import TokenizedLog, build_workload
+from analyzer.tokenizer import Tokenizer
+from analyzer.workload import TokenizedLog
 from cache_models.result import ReplayResult
 
 # A padding recommendation must save at least this share of all prompt tokens.
@@ -47,10 +47,29 @@ class AnalyzeOptions:
     tokenizer: str | None = None
     settings: ReplaySettings = field(default_factory=ReplaySettings)
     strict: bool = False
-    hash_block_size: int = DEFAULT_BLOCK_SIZE
+    hash_block_size: int | None = None  # None: each trace format's own (Mooncake 512, Bailian 16)
     top_prefixes: int = 10
     redact: bool = False
     model_preset: str = DEFAULT_ESTIMATE_PRESET  # the model shape of the prefill estimate
+    fields: FieldMap | None = None  # --prompt-field, --time-field, ...
+    chat_template: str | None = None  # --chat-template: a built-in, a named template or a file
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    cache_dir: Path | None = None  # the token cache; None: no cache
+    fast_tokenizer: bool = True  # the tiktoken fast path for byte-level BPE tokenizer.json
+
+    @property
+    def ingest(self) -> IngestOptions:
+        return IngestOptions(
+            format=self.format,
+            tokenizer=self.tokenizer,
+            strict=self.strict,
+            hash_block_size=self.hash_block_size,
+            fields=self.fields,
+            chat_template=self.chat_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+            cache_dir=self.cache_dir,
+            fast_tokenizer=self.fast_tokenizer,
+        )
 
 
 @dataclass(frozen=True)
@@ -68,45 +87,27 @@ def analyze(
 ) -> Analysis:
     progress = progress or NoProgress()
     shape = preset(options.model_preset)
-    progress.stage("reading logs", None)
-    loaded = load_logs(
-        paths, options.format, strict=options.strict, hash_block_size=options.hash_block_size
-    )
-    if not loaded.records:
-        summary = SkipSummary.of(loaded.skips)
-        detail = f": {summary.examples[0]}" if summary.examples else ""
-        raise PrefixcheckError(f"no requests in the input ({summary.count} lines skipped{detail})")
-    needs_text = any(r.messages is not None or r.prompt is not None for r in loaded.records)
-    tokenizer = load_tokenizer(options.tokenizer) if needs_text or options.tokenizer else None
-    renderer = chat_renderer(
-        tokenizer.chat_template if tokenizer else None,
-        tokenizer.special if tokenizer else load_tokenizer(None).special,
-    )
-    tokenized = build_workload(
-        loaded.records,
-        tokenizer or load_tokenizer(None),
-        renderer,
-        strict=options.strict,
-        progress=progress,
-    )
+    ingested = ingest(paths, options.ingest, progress)
+    loaded, tokenized, tokenizer = ingested.loaded, ingested.tokenized, ingested.tokenizer
+    renderer = ingested.renderer
     workload = tokenized.workload
-    if workload.n_requests == 0:
-        raise PrefixcheckError("no requests left after tokenization")
+    models = model_labels(tokenized.requests["model"])
     order = arrival_order(workload)
     if order is None:
-        replays = replay_all(workload, options.settings, progress)
+        replays = replay_by_model(workload, models, options.settings, progress)
     else:
         replays = in_input_order(
-            replay_all(workload.select(order), options.settings, progress), order
+            replay_by_model(workload.select(order), models[order], options.settings, progress),
+            order,
         )
 
-    hash_trace = "hash-trace" in loaded.formats.values()
+    hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
     decoder = tokenizer if tokenizer is not None and not hash_trace else None
     prefixes = shared_prefixes(replays.trie, top=options.top_prefixes)
     block_size = options.settings.block_size
     report = Report(
         inputs=loaded.formats,
-        tokenizer=tokenizer.name if tokenizer else None,
+        tokenizer=tokenizer.description if tokenizer else None,
         chat_template=renderer.name if any(r.messages for r in loaded.records) else None,
         replay_mode="sequential",
         requests=workload.n_requests,
@@ -135,12 +136,15 @@ def analyze(
         ),
         alignment_loss_tokens=replays.sglang_page1.total_hit_tokens - replays.vllm.total_hit_tokens,
         block_size=block_size,
+        models=model_summaries(models, workload.prompt_lengths, replays),
+        server_comparison=compare_with_server(tokenized.requests, replays, block_size),
         shared_prefixes=[
             _prefix_summary(prefix, block_size, decoder, options.redact, tokenized)
             for prefix in prefixes
         ],
         recommendations=_padding_recommendations(prefixes, block_size, workload.prompt_lengths),
         notes=_notes(tokenized, hash_trace, options.hash_block_size)
+        + _loading_notes(loaded.answers_joined, tokenized)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
             if order is not None
@@ -242,7 +246,7 @@ def _padding_recommendations(
     return items
 
 
-def _notes(tokenized: TokenizedLog, hash_trace: bool, hash_block_size: int) -> list[str]:
+def _notes(tokenized: TokenizedLog, hash_trace: bool, hash_block_size: int | None) -> list[str]:
     notes = []
     if tokenized.assumed_stop_finish:
         notes.append(
@@ -256,8 +260,25 @@ def _notes(tokenized: TokenizedLog, hash_trace: bool, hash_block_size: int) -> l
         )
     if hash_trace:
         notes.append(
-            f"Hash-id trace: each id expanded to {hash_block_size} synthetic tokens; prompts "
+            f"Hash-id trace: each id expanded to {hash_block_size or 'its block of'} synthetic "
+            "tokens; prompts "
             "diverge at the first differing block."
+        )
+    return notes
+
+
+def _loading_notes(answers_joined: int, tokenized: TokenizedLog) -> list[str]:
+    """What the reader joined and what the token cache saved."""
+    notes = []
+    if answers_joined:
+        notes.append(f"{answers_joined} answer lines joined to their requests by request id.")
+    cache = tokenized.token_cache
+    if cache.error:
+        notes.append(f"Token cache not used: {cache.error}.")
+    elif cache.from_cache:
+        notes.append(
+            f"Token cache: {cache.from_cache} distinct prompts read from disk, "
+            f"{cache.tokenized} tokenized."
         )
     return notes
 
@@ -267,11 +288,13 @@ def _per_request(tokenized: TokenizedLog, replays: Replays) -> pl.DataFrame:
         "request": np.arange(tokenized.workload.n_requests),
         "file": tokenized.requests["file"],
         "line": tokenized.requests["line"],
+        "model": tokenized.requests["model"],
         "prompt_tokens": tokenized.requests["prompt_tokens"],
         "output_tokens": tokenized.requests["output_tokens"],
         "vllm_hit": replays.vllm.hit_tokens,
         "sglang_hit": replays.sglang.hit_tokens,
         "ceiling_hit": replays.ideal.hit_tokens,
+        "server_cached_tokens": tokenized.requests["server_cached_tokens"],
     }
     for result in (replays.vllm, replays.sglang):
         for name, values in result.counters.items():

@@ -9,6 +9,8 @@ from typing import Any
 from analyzer.errors import Skip
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
+from analyzer.per_model import ModelSummary
+from analyzer.server_compare import ServerComparison
 
 SCHEMA_VERSION = 1
 SKIP_EXAMPLES = 5
@@ -84,6 +86,8 @@ class Report:
     shared_prefixes: list[PrefixSummary]
     recommendations: list[Recommendation]
     notes: list[str] = field(default_factory=list)
+    models: dict[str, ModelSummary] = field(default_factory=dict)  # when the log has several
+    server_comparison: ServerComparison | None = None  # the server's own cached-token counts
     prefill_estimate: PrefillEstimate | None = None  # FLOPs and KV bytes on a model shape
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
 
@@ -110,6 +114,10 @@ class Report:
             "shared_prefixes": [asdict(prefix) for prefix in self.shared_prefixes],
             "recommendations": [asdict(item) for item in self.recommendations],
             "notes": self.notes,
+            "models": {name: summary.to_dict() for name, summary in self.models.items()},
+            "server_comparison": (
+                self.server_comparison.to_dict() if self.server_comparison else None
+            ),
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,25 @@ from cache_models.config import SGLANG_EVICTION_POLICIES
 from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
+from cli.export_trace import export_trace_command
+from cli.inputs import (
+    Cache,
+    ChatTemplate,
+    ChatTemplateKwargs,
+    FastTokenizer,
+    Files,
+    Format,
+    HashBlockSize,
+    MessagesField,
+    PromptField,
+    SaltField,
+    TenantField,
+    TimeField,
+    TokenizerSpec,
+    cache_dir,
+    field_map,
+    template_kwargs,
+)
 from cli.lint import lint_command
 from cli.measure import logits_mismatch, measure_command
 from cli.outputs import junit_xml, markdown, publish_to_github
@@ -60,19 +80,14 @@ def _root(
 app.command("compare")(compare_command)
 app.command("lint")(lint_command)
 app.command("measure")(measure_command)
+app.command("export-trace")(export_trace_command)
 
 
 @app.command("analyze")
 def analyze_command(
-    files: Annotated[list[Path], typer.Argument(help="Log files (JSONL).", show_default=False)],
-    log_format: Annotated[
-        str,
-        typer.Option("--format", help="auto, openai, prompt, tokens or hash-trace."),
-    ] = "auto",
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(help="tokenizer.json, a model folder, or a hub name (default: qwen2.5)."),
-    ] = None,
+    files: Files,
+    log_format: Format = "auto",
+    tokenizer: TokenizerSpec = None,
     block_size: Annotated[int, typer.Option(min=1, help="vLLM --block-size.")] = 16,
     page_size: Annotated[int, typer.Option(min=1, help="SGLang --page-size.")] = 1,
     capacity_tokens: Annotated[
@@ -81,9 +96,16 @@ def analyze_command(
     eviction_policy: Annotated[
         str, typer.Option(help=f"SGLang policy: {', '.join(SGLANG_EVICTION_POLICIES)}.")
     ] = "lru",
-    hash_block_size: Annotated[
-        int, typer.Option(min=1, help="Tokens per hash id in hash-id traces.")
-    ] = 512,
+    hash_block_size: HashBlockSize = None,
+    prompt_field: PromptField = None,
+    messages_field: MessagesField = None,
+    time_field: TimeField = None,
+    tenant_field: TenantField = None,
+    salt_field: SaltField = None,
+    chat_template: ChatTemplate = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
+    cache: Cache = True,
+    fast_tokenizer: FastTokenizer = True,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the report as JSON.")
     ] = None,
@@ -127,6 +149,10 @@ def analyze_command(
     errors = Console(stderr=True)
     if eviction_policy not in SGLANG_EVICTION_POLICIES:
         fail(errors, f"unknown --eviction-policy {eviction_policy!r}")
+    try:
+        kwargs = template_kwargs(chat_template_kwargs)
+    except PrefixcheckError as exc:
+        fail(errors, str(exc))
     options = AnalyzeOptions(
         format=log_format,
         tokenizer=tokenizer,
@@ -141,6 +167,11 @@ def analyze_command(
         top_prefixes=top,
         redact=redact,
         model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
+        fields=field_map(prompt_field, messages_field, time_field, tenant_field, salt_field),
+        chat_template=chat_template,
+        chat_template_kwargs=kwargs,
+        cache_dir=cache_dir(cache),
+        fast_tokenizer=fast_tokenizer,
     )
     try:
         limits = [LossLimit.parse(text) for text in max_loss or []]
@@ -181,10 +212,19 @@ def analyze_command(
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
+class _Interrupted(BaseException):
+    """Ctrl-C, raised past click (which would turn a KeyboardInterrupt into "Aborted!")."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted
+
+
 def main() -> None:
     """Console-script entry point: Ctrl-C ends the run with a short message, no traceback."""
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         app()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Interrupted):
         print("prefixcheck: interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

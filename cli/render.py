@@ -10,6 +10,7 @@ from rich.text import Text
 
 from analyzer.gates import GateResult
 from analyzer.report import EngineSummary, Report
+from cli.render_inputs import models_table, server_table
 from cli.render_measure import estimate_table, render_measurement
 
 
@@ -18,6 +19,10 @@ def render_report(report: Report, console: Console) -> None:
     if report.skipped.count:
         console.print(_skipped(report))
     console.print(_engines(report))
+    if report.models:
+        console.print(models_table(report.models))
+    if report.server_comparison is not None:
+        console.print(server_table(report.server_comparison))
     if report.prefill_estimate is not None:
         console.print(estimate_table(report.prefill_estimate))
     if report.shared_prefixes:

@@ -1,0 +1,168 @@
+"""End to end: logs of every kind through ``analyze`` and ``export-trace`` (per-model analysis,
+the server's own counts next to the replay, the token cache, Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+runner = CliRunner()
+SYSTEM = "You are the billing assistant of Acme Cloud. " * 12
+
+
+def invoke(*args: str | Path) -> object:
+    return runner.invoke(app, [*map(str, args)])
+
+
+def chat_log(path: Path, users: list[str], salts: list[str | None] | None = None) -> Path:
+    rows = []
+    for i, user in enumerate(users):
+        body = {
+            "model": "m",
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+        }
+        if salts and salts[i]:
+            body["cache_salt"] = salts[i]
+        rows.append(body)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_several_models_each_on_their_own_caches(tmp_path: Path) -> None:
+    report_path = tmp_path / "r.json"
+    result = invoke(
+        "analyze", FIXTURES / "lmsys_chat.jsonl", FIXTURES / "sharegpt.json", "--json", report_path
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    models = report["models"]
+    assert set(models) == {"vicuna-13b", "llama-2-13b-chat", "(no model)"}
+    assert sum(m["requests"] for m in models.values()) == report["requests"] == 6
+    for engine in ("vllm", "sglang"):
+        total = sum(m["engines"][engine]["hit_tokens"] for m in models.values())
+        assert total == report["engines"][engine]["hit_tokens"]
+    assert models["llama-2-13b-chat"]["engines"]["sglang"]["hit_tokens"] > 0
+    assert "Per model (each on its own caches)" in result.output
+
+
+def test_server_counts_next_to_the_replay(tmp_path: Path) -> None:
+    report_path = tmp_path / "r.json"
+    table = tmp_path / "requests.jsonl"
+    result = invoke(
+        "analyze", FIXTURES / "openai_chat.jsonl", "--json", report_path, "--per-request", table
+    )
+    assert result.exit_code == 0, result.output
+    comparison = json.loads(report_path.read_text())["server_comparison"]
+    assert (comparison["requests"], comparison["server_cached_tokens"]) == (2, 224)
+    vllm = comparison["engines"]["vllm"]
+    rows = [json.loads(line) for line in table.read_text().splitlines()]
+    assert [r["server_cached_tokens"] for r in rows] == [0, 224, None]
+    assert vllm["hit_tokens"] == sum(r["vllm_hit"] for r in rows[:2])
+    assert 0.0 <= vllm["exact"] <= vllm["within_block"] <= 1.0
+    assert "Replay vs the server's cached tokens (2 requests)" in result.output
+
+
+def test_second_run_reads_the_token_cache(tmp_path: Path) -> None:
+    log = chat_log(tmp_path / "c.jsonl", ["a", "b", "c"])
+    first, second, uncached = (tmp_path / f"{name}.json" for name in ("1", "2", "3"))
+    assert invoke("analyze", log, "--json", first, "--quiet").exit_code == 0
+    assert invoke("analyze", log, "--json", second, "--quiet").exit_code == 0
+    assert invoke("analyze", log, "--json", uncached, "--quiet", "--no-cache").exit_code == 0
+    notes = [json.loads(path.read_text())["notes"] for path in (first, second, uncached)]
+    assert not any("Token cache" in note for note in notes[0] + notes[2])
+    assert "Token cache: 3 distinct prompts read from disk, 0 tokenized." in notes[1]
+    reports = [json.loads(path.read_text()) for path in (first, second)]
+    assert reports[0]["engines"] == reports[1]["engines"]
+    assert list((Path(os.environ["PREFIXCHECK_CACHE_DIR"]) / "tokens").iterdir())
+
+
+def test_export_trace_chains_block_ids_like_vllm(tmp_path: Path) -> None:
+    log = chat_log(
+        tmp_path / "c.jsonl",
+        ["first question", "second question", "first question"],
+        [None, None, "t"],
+    )
+    trace = tmp_path / "trace.jsonl"
+    result = invoke("export-trace", log, "--block-size", "16", "-o", trace)
+    assert result.exit_code == 0, result.output
+    assert "wrote 3 requests" in result.output
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    for line in lines:
+        assert set(line) == {"timestamp", "input_length", "output_length", "hash_ids"}
+        assert len(line["hash_ids"]) == math.ceil(line["input_length"] / 16)
+    first, second, salted = (line["hash_ids"] for line in lines)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared > 3 and first[:shared] == second[:shared]
+    assert not set(salted) & set(first)  # a cache salt changes every block's hash
+    assert first[0] == 0 and max(max(ids) for ids in (first, second, salted)) < 3 * len(first)
+
+
+def test_exported_trace_replays_to_the_same_vllm_hits(tmp_path: Path) -> None:
+    log = chat_log(tmp_path / "c.jsonl", [f"question {i % 3}" for i in range(6)])
+    trace = tmp_path / "trace.jsonl"
+    assert invoke("export-trace", log, "--block-size", "16", "-o", trace).exit_code == 0
+    direct, replayed = tmp_path / "direct.json", tmp_path / "replayed.json"
+    assert invoke("analyze", log, "--json", direct, "--quiet").exit_code == 0
+    result = invoke("analyze", trace, "--hash-block-size", "16", "--json", replayed, "--quiet")
+    assert result.exit_code == 0, result.output
+    hits = [json.loads(p.read_text())["engines"]["vllm"]["hit_tokens"] for p in (direct, replayed)]
+    assert hits[0] == hits[1] > 0
+
+
+def test_format_flags_and_errors(tmp_path: Path) -> None:
+    result = invoke("analyze", FIXTURES / "vllm_server.log", "--format", "openai", "--strict")
+    assert result.exit_code == 2
+    assert "vllm_server.log:1: malformed JSON" in result.output
+    result = invoke("analyze", FIXTURES / "openai_chat.jsonl", "--chat-template-kwargs", "[1]")
+    assert result.exit_code == 2 and "must be a JSON object" in result.output
+    result = invoke("analyze", FIXTURES / "openai_chat.jsonl", "--chat-template", "nope")
+    assert result.exit_code == 2 and "unknown --chat-template 'nope'" in result.output
+    custom = tmp_path / "custom.jsonl"
+    custom.write_text(json.dumps({"q": {"text": "hello there"}, "t": 5}) + "\n")
+    report = tmp_path / "r.json"
+    result = invoke(
+        "analyze", custom, "--prompt-field", "q.text", "--time-field", "t", "--json", report
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["inputs"] == {str(custom): "mapped"}
+
+
+def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
+    log = tmp_path / "big.jsonl"
+    with log.open("w") as out:
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "generate_chat_logs.py"),
+                "--requests",
+                "20000",
+            ],
+            stdout=out,
+            check=True,
+        )
+    ready = "import cli.main\nprint('ready', flush=True)\ncli.main.main()"
+    process = subprocess.Popen(
+        [sys.executable, "-c", ready, "analyze", str(log), "--no-cache"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+    time.sleep(1.5)  # reading and tokenizing 20k requests takes several seconds more
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert stderr.decode().strip().endswith("prefixcheck: interrupted")
+    assert "Traceback" not in stderr.decode()
