@@ -17,19 +17,32 @@ from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
 from cache_models.config import SGLANG_EVICTION_POLICIES
 from cli.common import EXIT_GATE_FAILED, fail, write_text
+from cli.inputs import (
+    Cache,
+    ChatTemplate,
+    ChatTemplateKwargs,
+    FastTokenizer,
+    Files,
+    Format,
+    HashBlockSize,
+    MessagesField,
+    PromptField,
+    SaltField,
+    TenantField,
+    TimeField,
+    TokenizerSpec,
+    cache_dir,
+    field_map,
+    template_kwargs,
+)
 from cli.progress import RichProgress
 from cli.render_measure import render_measurement
 
 
 def measure_command(
-    files: Annotated[list[Path], typer.Argument(help="Log files (JSONL).", show_default=False)],
-    log_format: Annotated[
-        str, typer.Option("--format", help="auto, openai, prompt, tokens or hash-trace.")
-    ] = "auto",
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(help="tokenizer.json, a model folder, or a hub name (default: qwen2.5)."),
-    ] = None,
+    files: Files,
+    log_format: Format = "auto",
+    tokenizer: TokenizerSpec = None,
     block_size: Annotated[int, typer.Option(min=1, help="vLLM --block-size.")] = 16,
     page_size: Annotated[int, typer.Option(min=1, help="SGLang --page-size.")] = 1,
     capacity_tokens: Annotated[
@@ -38,9 +51,16 @@ def measure_command(
     eviction_policy: Annotated[
         str, typer.Option(help=f"SGLang policy: {', '.join(SGLANG_EVICTION_POLICIES)}.")
     ] = "lru",
-    hash_block_size: Annotated[
-        int, typer.Option(min=1, help="Tokens per hash id in hash-id traces.")
-    ] = 512,
+    hash_block_size: HashBlockSize = None,
+    prompt_field: PromptField = None,
+    messages_field: MessagesField = None,
+    time_field: TimeField = None,
+    tenant_field: TenantField = None,
+    salt_field: SaltField = None,
+    chat_template: ChatTemplate = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
+    cache: Cache = True,
+    fast_tokenizer: FastTokenizer = True,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False,
     model_preset: Annotated[
         str | None,
@@ -75,6 +95,10 @@ def measure_command(
     console, errors = Console(), Console(stderr=True)
     if eviction_policy not in SGLANG_EVICTION_POLICIES:
         fail(errors, f"unknown --eviction-policy {eviction_policy!r}")
+    try:
+        kwargs = template_kwargs(chat_template_kwargs)
+    except PrefixcheckError as exc:
+        fail(errors, str(exc))
     options = AnalyzeOptions(
         format=log_format,
         tokenizer=tokenizer,
@@ -87,6 +111,11 @@ def measure_command(
         strict=strict,
         hash_block_size=hash_block_size,
         model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
+        fields=field_map(prompt_field, messages_field, time_field, tenant_field, salt_field),
+        chat_template=chat_template,
+        chat_template_kwargs=kwargs,
+        cache_dir=cache_dir(cache),
+        fast_tokenizer=fast_tokenizer,
     )
     measure_options = MeasureOptions(
         model_preset=model_preset,
