@@ -222,6 +222,8 @@ def test_measure_without_torch_is_a_clear_error(tmp_path: Path, monkeypatch) -> 
     assert "measure needs the gpu extra (torch is not installed)" in result.output
     assert "Traceback" not in result.output
     assert runner.invoke(app, ["analyze", str(log), "--quiet"]).exit_code == 0
+    with_measure = runner.invoke(app, ["analyze", str(log), "--measure"])
+    assert with_measure.exit_code == 2 and "torch is not installed" in with_measure.output
 
 
 def test_the_cli_does_not_import_torch() -> None:
