@@ -24,11 +24,13 @@ Replay modes, chosen by the config:
   ``arrival_s[i]`` (made non-decreasing, so no request overtakes an earlier one). Events are
   taken in time order; at each instant the requests finishing then are freed first (by finish
   time, then admission order), then the arrivals queue, then waiting requests are admitted FCFS
-  while fewer than ``max_in_flight`` run and the head fits. An admitted request takes, at once,
-  the blocks of its peak KV (prompt plus all outputs but the last; the gate counts them all, so it
-  is never preempted), caches its prompt's full blocks, and finishes at ``admission + uncached /
-  prefill_tokens_per_s + n_outputs / decode_tokens_per_s``, when its output blocks are cached and
-  its blocks freed. With arrivals far apart this is exactly the sequential replay.
+  while fewer than ``max_in_flight`` run and the head fits. The capacity gate counts the
+  request's peak KV (prompt plus all outputs but the last), and the request is then scheduled
+  whole: it takes its prompt's blocks and, in decode order, its output blocks, caching each full
+  block, so it is never preempted and a later request can hit its outputs at once (a follow-up
+  turn that arrives before the modelled finish still finds the answer it repeats). It holds its
+  blocks until ``admission + uncached / prefill_tokens_per_s + n_outputs / decode_tokens_per_s``.
+  With arrivals far apart, or one request in flight, this is exactly the sequential replay.
 
 A request whose peak KV exceeds the capacity even in an empty cache never runs (vLLM refuses it):
 hit 0, nothing cached, ``rejected`` = 1, not counted in the metrics.
@@ -49,6 +51,7 @@ from typing import Literal
 
 import numpy as np
 
+from cache_models import _vllm_kernel as kernel
 from cache_models.config import TimeModel, VllmConfig
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
@@ -80,9 +83,7 @@ class VllmPrefixCache:
             raise ValueError("a time_model replay needs workload.arrival_s")
         if self.engine == "reference":
             return ReferenceReplay(self.config).replay(workload)
-        from cache_models._vllm_kernel import replay_fast
-
-        return replay_fast(self.config, workload)
+        return _replay_fast(self.config, workload)
 
 
 def peak_blocks(workload: Workload, block_size: int) -> np.ndarray:
@@ -106,6 +107,47 @@ def make_result(
         "vllm:num_preemptions": int(counters["preemptions"].sum()),
     }
     return ReplayResult("vllm", hit_tokens, {name: counters[name] for name in COUNTERS}, metrics)
+
+
+def _replay_fast(config: VllmConfig, workload: Workload) -> ReplayResult:
+    """Run the numba kernel of ``config``'s replay mode."""
+    size = config.block_size
+    peaks = peak_blocks(workload, size)
+    limit = kernel.UNBOUNDED if config.capacity_tokens is None else config.capacity_tokens // size
+    runnable = peaks <= limit
+    tally = np.zeros((6, workload.n_requests), np.int64)
+    args = (
+        np.ascontiguousarray(workload.prompt_tokens, np.int32),
+        np.ascontiguousarray(workload.prompt_offsets, np.int64),
+        np.ascontiguousarray(workload.output_tokens, np.int32),
+        np.ascontiguousarray(workload.output_offsets, np.int64),
+        np.ascontiguousarray(workload.namespace, np.int32),
+        runnable,
+        size,
+        limit,
+        config.max_in_flight,
+        max(1, int(peaks[runnable].max(initial=0))),
+        tally,
+    )
+    time_model = config.time_model
+    if time_model is not None:
+        assert workload.arrival_s is not None
+        arrival = np.maximum.accumulate(np.asarray(workload.arrival_s, np.float64))
+        rates = (time_model.prefill_tokens_per_s, time_model.decode_tokens_per_s)
+        kernel.replay_in_time(*args, arrival, *rates)
+    elif config.max_in_flight == 1:
+        kernel.replay_in_time(*args, np.zeros(workload.n_requests), 1.0, 1.0)
+    else:
+        kernel.replay_lock_step(*args)
+    counters = {
+        "evicted_blocks": tally[kernel.EVICTED],
+        "inserted_blocks": tally[kernel.INSERTED],
+        "duplicate_blocks": tally[kernel.DUPLICATE],
+        "preemptions": tally[kernel.PREEMPTIONS],
+        "rehit_tokens": tally[kernel.REHIT],
+        "rejected": (~runnable).astype(np.int64),
+    }
+    return make_result(tally[kernel.HIT], counters, size, workload.prompt_lengths)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -278,13 +320,13 @@ class KVCacheManager:
         return num_new + sum(block.ref_cnt == 0 for block in hit) <= self.pool.num_free
 
     def allocate(self, req: Request, hit: list[Block], num_tokens: int) -> None:
-        """Admit: touch the hit first (so it cannot be evicted), then add blocks for ``num_tokens``
-        slots and cache the full blocks of the tokens the request holds."""
+        """Admit: touch the hit first (so it cannot be evicted), then add blocks for
+        ``num_tokens`` slots and cache their full blocks."""
         self.pool.touch(hit)
         req.blocks = list(hit)
         req.num_cached_blocks = len(hit)
         self._add_blocks(req, num_tokens)
-        self.cache_blocks(req, req.num_tokens)
+        self.cache_blocks(req, num_tokens)
 
     def append_slot(self, req: Request) -> bool:
         """Decode: a slot for the last sampled token; False if it needs a block and none is free."""
@@ -359,12 +401,13 @@ class ReferenceReplay:
             self._replay_lock_step([r for r in requests if not self.counters["rejected"][r.index]])
         return make_result(self.hit_tokens, self.counters, size, workload.prompt_lengths)
 
-    def _admit(self, req: Request, num_slots: int) -> int | None:
+    def _admit(self, req: Request, must_fit_tokens: int) -> int | None:
         """Lookup and allocation for a waiting request: the hit in tokens, None if it must wait."""
         hit = self.kv.get_computed_blocks(req)
-        if not self.kv.can_allocate(hit, num_slots):
+        if not self.kv.can_allocate(hit, must_fit_tokens):
             return None
-        self.kv.allocate(req, hit, num_slots)
+        self.kv.allocate(req, hit, req.num_tokens)
+        req.num_computed = req.num_tokens
         hit_tokens = len(hit) * self.kv.block_size
         if req.num_preemptions == 0:
             self.hit_tokens[req.index] = hit_tokens
@@ -384,7 +427,6 @@ class ReferenceReplay:
                     if self._admit(req, req.num_tokens) is None:
                         break
                     waiting.popleft()
-                    req.num_computed = req.num_tokens
                     running.append(req)
                     scheduled.append(req)
             if not scheduled:
@@ -433,9 +475,7 @@ class ReferenceReplay:
                 finishing[0][0] if finishing else math.inf,
             )
             while finishing and finishing[0][0] <= now:
-                req = heapq.heappop(finishing)[2]
-                self.kv.cache_blocks(req, req.peak_tokens)
-                self.kv.free(req)
+                self.kv.free(heapq.heappop(finishing)[2])
             while next_arrival < len(requests) and arrival[next_arrival] <= now:
                 req = requests[next_arrival]
                 if not self.counters["rejected"][req.index]:
@@ -447,6 +487,10 @@ class ReferenceReplay:
                 if hit_tokens is None:
                     break
                 waiting.popleft()
+                while req.num_computed < req.peak_tokens:  # all of decode, in one go
+                    reserved = self.kv.append_slot(req)
+                    assert reserved, "the gate counted the peak"
+                    req.num_computed += 1
                 service = (req.prompt_len - hit_tokens) / time_model.prefill_tokens_per_s
                 service += req.max_tokens / time_model.decode_tokens_per_s
                 heapq.heappush(finishing, (now + service, admissions, req))

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from cache_models import _vllm_kernel as kernel
 from cache_models.config import TimeModel, VllmConfig
 from cache_models.result import ReplayResult
 from cache_models.vllm_apc import VllmPrefixCache
@@ -15,7 +16,7 @@ from cache_models.workload import Workload
 from tests.golden.vllm import to_workload
 from tests.golden.workloads import random_workload
 
-ENGINES = ["reference"]
+ENGINES = ["fast", "reference"]
 
 
 def seq(start: int, n: int) -> list[int]:
@@ -253,22 +254,111 @@ def test_time_model_reduces_to_sequential(engine: str, capacity: int | None) -> 
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_time_model_holds_blocks_until_finish(engine: str) -> None:
-    prompt, output = seq(0, 8), seq(100, 8)
-    follow_up = [*prompt, *output, 9]
-    workload = Workload.from_lists([prompt, follow_up], [output, None], arrival_s=[0.0, 0.0])
-    config = VllmConfig(block_size=4, max_in_flight=4, time_model=TimeModel())
-    # Both run at once: the first's outputs are not cached yet, only its prompt blocks hit.
-    assert VllmPrefixCache(config, engine=engine).replay(workload).hit_tokens.tolist() == [0, 8]  # type: ignore[arg-type]
-    # 6 blocks: the first holds 4, the second needs 3 more than the 2 free, so it waits for the
-    # first to finish and then also hits its first output block (the last output is not cached).
-    tight = replace(config, capacity_tokens=4 * 6)
-    result = VllmPrefixCache(tight, engine=engine).replay(workload)  # type: ignore[arg-type]
-    assert result.hit_tokens.tolist() == [0, 12]
-    assert result.counters["inserted_blocks"].tolist() == [3, 1]
+def test_time_model_frees_in_finish_order(engine: str) -> None:
+    a, b, c = seq(0, 8), seq(100, 8), seq(200, 10)
+    prompts = [a, b, c, [*a, 9], [*b, 9]]
+    outputs: list[list[int] | None] = [[1, 2, 3], None, None, None, None]
+    workload = Workload.from_lists(prompts, outputs, arrival_s=[0.0, 0.0, 1.0, 2.0, 3.0])
+    config = VllmConfig(
+        block_size=4, capacity_tokens=4 * 6, max_in_flight=2, time_model=TimeModel()
+    )
+    # a (3 blocks) and b (2) run together and b finishes first, so b's blocks reach the free
+    # queue before a's: c evicts b's second block and a's follow-up hits all of a.
+    together = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+    assert together.hit_tokens.tolist() == [0, 0, 0, 8, 4]
+    assert together.counters["evicted_blocks"].tolist() == [0, 0, 1, 0, 1]
+    # One at a time, a is freed first and c evicts a's second block instead.
+    one = replace(config, max_in_flight=1)
+    in_turn = VllmPrefixCache(one, engine=engine).replay(workload)  # type: ignore[arg-type]
+    assert in_turn.hit_tokens.tolist() == [0, 0, 0, 4, 4]
+    assert in_turn.counters["evicted_blocks"].tolist() == [0, 0, 1, 1, 1]
 
 
 def test_time_model_needs_arrivals() -> None:
     config = VllmConfig(time_model=TimeModel())
     with pytest.raises(ValueError, match="arrival_s"):
         VllmPrefixCache(config).replay(Workload.from_lists([[1, 2, 3]]))
+
+
+# ---------------------------------------------------------------- the fast path
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        VllmConfig(block_size=1),  # unbounded, many blocks: the pool and map grow
+        VllmConfig(block_size=4, capacity_tokens=4 * 30),
+        VllmConfig(block_size=4, capacity_tokens=4 * 30, max_in_flight=3),
+        VllmConfig(block_size=2, capacity_tokens=2 * 200, max_in_flight=24),  # rows are added
+        VllmConfig(block_size=16, capacity_tokens=16 * 12, max_in_flight=5),
+        VllmConfig(block_size=4, capacity_tokens=4 * 60, max_in_flight=40, time_model=TimeModel()),
+        VllmConfig(block_size=8, max_in_flight=4, time_model=TimeModel(2000.0, 5.0)),
+    ],
+    ids=repr,
+)
+def test_fast_equals_reference(config: VllmConfig) -> None:
+    for seed in range(200, 204):
+        workload = to_workload(random_workload(seed, 120))
+        gaps = np.random.default_rng(seed).exponential(0.05, workload.n_requests)
+        workload = with_arrivals(workload, np.cumsum(gaps))
+        fast = VllmPrefixCache(config, engine="fast").replay(workload)
+        reference = VllmPrefixCache(config, engine="reference").replay(workload)
+        np.testing.assert_array_equal(fast.hit_tokens, reference.hit_tokens)
+        for name, values in reference.counters.items():
+            np.testing.assert_array_equal(fast.counters[name], values, err_msg=name)
+        assert fast.metrics == reference.metrics
+
+
+def fast_keys(prompts: np.ndarray, namespace: np.ndarray, block_size: int) -> np.ndarray:
+    """The kernel's key of every full block of every row of ``prompts``."""
+    n, length = prompts.shape
+    offsets = np.arange(n + 1, dtype=np.int64) * length
+    no_output = np.zeros(n + 1, np.int64)
+    keys = np.zeros((n, length // block_size), np.int64)
+    tokens = np.ascontiguousarray(prompts, np.int32).ravel()
+    for r in range(n):
+        kernel.request_keys(
+            tokens, offsets, tokens, no_output, namespace[r], r, block_size, keys[r]
+        )
+    return keys
+
+
+def test_keys_of_blocks_one_token_apart_never_collide() -> None:
+    base = np.random.default_rng(0).integers(0, 8_000, 16)
+    values = np.arange(-2_000, 8_000)  # negative ids: the workload's unknown tokens
+    blocks = np.repeat(base[None, :], 16 * len(values), axis=0)
+    for position in range(16):
+        blocks[position * len(values) : (position + 1) * len(values), position] = values
+    distinct = len(np.unique(blocks, axis=0))
+    keys = fast_keys(blocks, np.zeros(len(blocks), np.int32), 16)[:, 0]
+    assert len(np.unique(keys)) == distinct == 16 * (len(values) - 1) + 1
+
+
+def test_keys_chain_and_namespace() -> None:
+    rng = np.random.default_rng(1)
+    # The same second block after 20k different first blocks: 20k different keys.
+    prompts = np.tile(rng.integers(0, 100, 8), (20_000, 2))
+    prompts[:, 0] = np.arange(20_000)
+    keys = fast_keys(prompts, np.zeros(20_000, np.int32), 8)
+    assert len(np.unique(keys[:, 1])) == 20_000
+    # The same tokens in 20k namespaces: 20k different keys; equal inputs, equal keys.
+    same = np.tile(rng.integers(0, 100, 8), (20_000, 1))
+    namespace = np.arange(-10_000, 10_000, dtype=np.int32)
+    assert len(np.unique(fast_keys(same, namespace, 8))) == 20_000
+    assert len(np.unique(fast_keys(same, np.zeros(20_000, np.int32), 8))) == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_prompts_one_token_apart(engine: str) -> None:
+    """Prompts that share a prefix and differ in one token of a late block: only the shared
+    blocks hit."""
+    rng = np.random.default_rng(2)
+    shared = rng.integers(0, 10, 64).tolist()
+    prompts = []
+    for i in range(300):
+        tail = [0] * 16
+        tail[i % 16] = 1 + i // 16
+        prompts.append([*shared, *tail, 7])
+    result = replay(prompts, engine=engine, block_size=16)
+    expected = [0] + [64 if i % 16 or i >= 16 else 80 for i in range(1, 300)]
+    assert result.hit_tokens.tolist() == expected

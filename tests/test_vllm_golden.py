@@ -30,7 +30,7 @@ def config_of(case: dict[str, Any]) -> VllmConfig:
     )
 
 
-@pytest.mark.parametrize("engine", ["reference"])
+@pytest.mark.parametrize("engine", ["fast", "reference"])
 @pytest.mark.parametrize("golden", GOLDENS, ids=lambda g: f"seed{g['seed']}")
 def test_matches_vllm(golden: dict[str, Any], engine: str) -> None:
     workload = to_workload(golden["requests"])

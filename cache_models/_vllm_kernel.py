@@ -1,0 +1,661 @@
+"""The fast path of the vLLM APC model: ``vllm_apc``'s rules over arrays, compiled with numba.
+
+It gives the reference's results (tested on random workloads and on every golden case) in all
+three replay modes. The reference's objects map to arrays:
+
+- **Keys.** A 64-bit chained hash per full block: the state starts from the parent's key (for
+  block 0, from the namespace), mixes in each token, and ends with murmur3's fmix64. Every step is
+  a bijection of the state for a given token and injective in the token, so two blocks never
+  collide when their parents differ and their tokens do not, or when they share a parent and
+  differ in one token. Other pairs collide with probability about 2^-64: with D distinct blocks
+  in a log, the chance of any collision is about D^2 / 2^65 (1e8 blocks: 3e-4), and a collision
+  can only add a hit.
+- **Blocks.** ``ref_cnt``, ``key``, ``cached``, and four links per block: the copies of one key
+  form a list in insertion order (DUP_NEXT / DUP_PREV), the free queue's cached run a doubly
+  linked FIFO (Q_NEXT / Q_PREV). The map is open addressing with linear probing from key to
+  (oldest copy, newest copy), deleted by backward shift.
+- **Free queue.** vLLM's queue is always three runs, kept as three structures: uncached freed
+  blocks at the head (a stack: vLLM prepends them), never-used blocks in id order (ids are handed
+  out lazily, so memory follows the blocks in use, not the capacity), and cached freed blocks (the
+  FIFO: appended at the tail, touched out of the middle, evicted from the head).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+NONE = -1
+UNBOUNDED = 1 << 62  # the block limit of an unbounded cache
+P1 = np.uint64(0x9E3779B185EBCA87)
+P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+M1 = np.uint64(0xFF51AFD7ED558CCD)
+M2 = np.uint64(0xC4CEB9FE1A85EC53)
+SEED = np.uint64(0x243F6A8885A308D3)
+SHIFT = np.uint64(33)
+
+# Columns of Pool.links, Pool.tab, Slots.info; rows of the tally; entries of Pool.state.
+DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV = range(4)
+FIRST, LAST = range(2)
+REQ, N_BLOCKS, N_CACHED, N_COMPUTED = range(4)
+HIT, EVICTED, INSERTED, DUPLICATE, PREEMPTIONS, REHIT = range(6)
+Q_HEAD, Q_TAIL, Q_LEN, STACK_LEN, NEXT_FRESH, LIMIT = range(6)
+
+
+class Pool(NamedTuple):
+    """The block pool, its key map and free queue (see the module docstring)."""
+
+    ref_cnt: np.ndarray  # int32 per block
+    key: np.ndarray  # int64 per block, valid while cached
+    cached: np.ndarray  # bool per block
+    links: np.ndarray  # int32 [block, 4]: DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV
+    stack: np.ndarray  # int32: uncached freed blocks, the top is the queue's head
+    tab_key: np.ndarray  # int64 per map slot
+    tab: np.ndarray  # int32 [slot, 2]: FIRST, LAST copy; FIRST = NONE: empty slot
+    state: np.ndarray  # int64: Q_HEAD, Q_TAIL, Q_LEN, STACK_LEN, NEXT_FRESH, LIMIT
+
+
+class Slots(NamedTuple):
+    """Rows for running requests: block table, keys, and counts; rows are reused and added on
+    demand, so memory follows the peak number in flight, not ``max_in_flight``."""
+
+    tables: np.ndarray  # int32 [row, width]
+    keys: np.ndarray  # int64 [row, width]
+    info: np.ndarray  # int64 [row, 4]: REQ, N_BLOCKS, N_CACHED, N_COMPUTED
+    free: np.ndarray  # int64: a stack of unused rows, sized for the most rows ever needed
+    n_free: np.ndarray  # int64 [1]
+
+
+# ------------------------------------------------------------------------------------ keys
+
+
+@njit(cache=True)
+def _fmix(h: np.uint64) -> np.uint64:
+    h = (h ^ (h >> SHIFT)) * M1
+    h = (h ^ (h >> SHIFT)) * M2
+    return h ^ (h >> SHIFT)
+
+
+@njit(cache=True)
+def _absorb(
+    h: np.uint64,
+    tokens: np.ndarray,
+    start: int,
+    stop: int,
+    filled: int,
+    block_size: int,
+    keys: np.ndarray,
+    n_keys: int,
+) -> tuple[np.uint64, int, int]:
+    """Mix tokens[start:stop] into the chain; each full block's key goes to ``keys``."""
+    for j in range(start, stop):
+        h ^= np.uint64(np.uint32(tokens[j])) * P2
+        h = ((h << np.uint64(31)) | (h >> SHIFT)) * P1
+        filled += 1
+        if filled == block_size:
+            h = _fmix(h)
+            keys[n_keys] = np.int64(h)
+            n_keys += 1
+            filled = 0
+    return h, filled, n_keys
+
+
+@njit(cache=True)
+def request_keys(
+    p_tok: np.ndarray,
+    p_off: np.ndarray,
+    o_tok: np.ndarray,
+    o_off: np.ndarray,
+    namespace: int,
+    r: int,
+    block_size: int,
+    keys: np.ndarray,
+) -> None:
+    """Keys of the full blocks of request r's prompt followed by all its outputs but the last
+    (whose KV is never computed, so no block holding it is ever cached or looked up)."""
+    h = _fmix(SEED ^ np.uint64(np.uint32(namespace)))
+    h, filled, n_keys = _absorb(h, p_tok, p_off[r], p_off[r + 1], 0, block_size, keys, 0)
+    _absorb(h, o_tok, o_off[r], o_off[r + 1] - 1, filled, block_size, keys, n_keys)
+
+
+# ------------------------------------------------------------------------------------ the pool
+
+
+@njit(cache=True)
+def new_pool(limit: int, size: int) -> Pool:
+    """Blocks 1..limit usable (block 0 is the null block); arrays for ``size`` block ids."""
+    n_slots = 4
+    while n_slots < 2 * size:
+        n_slots *= 2
+    state = np.zeros(6, np.int64)
+    state[Q_HEAD] = NONE
+    state[Q_TAIL] = NONE
+    state[NEXT_FRESH] = 1
+    state[LIMIT] = limit
+    return Pool(
+        np.zeros(size, np.int32),
+        np.zeros(size, np.int64),
+        np.zeros(size, np.bool_),
+        np.full((size, 4), NONE, np.int32),
+        np.zeros(size, np.int32),
+        np.zeros(n_slots, np.int64),
+        np.full((n_slots, 2), NONE, np.int32),
+        state,
+    )
+
+
+@njit(cache=True)
+def reserve(pool: Pool, n_new: int) -> Pool:
+    """The pool with room for ``n_new`` more never-used blocks: arrays and map grow together."""
+    needed = min(pool.state[NEXT_FRESH] + n_new, pool.state[LIMIT] + 1)
+    if needed <= len(pool.ref_cnt):
+        return pool
+    grown = new_pool(pool.state[LIMIT], max(needed, 2 * len(pool.ref_cnt)))
+    for b in range(len(pool.ref_cnt)):
+        grown.ref_cnt[b] = pool.ref_cnt[b]
+        grown.key[b] = pool.key[b]
+        grown.cached[b] = pool.cached[b]
+        grown.stack[b] = pool.stack[b]
+        for c in range(4):
+            grown.links[b, c] = pool.links[b, c]
+    for i in range(len(pool.state)):
+        grown.state[i] = pool.state[i]
+    for i in range(len(pool.tab_key)):  # rehash
+        if pool.tab[i, FIRST] != NONE:
+            j = _slot(grown, pool.tab_key[i])
+            grown.tab_key[j] = pool.tab_key[i]
+            grown.tab[j, FIRST] = pool.tab[i, FIRST]
+            grown.tab[j, LAST] = pool.tab[i, LAST]
+    return grown
+
+
+@njit(cache=True)
+def _slot(pool: Pool, key: int) -> int:
+    """The map slot holding ``key``, or else the empty slot where it would go."""
+    mask = len(pool.tab_key) - 1
+    i = key & mask
+    while pool.tab[i, FIRST] != NONE and pool.tab_key[i] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True)
+def _evict(pool: Pool, block: int) -> None:
+    """Drop this copy from the map (the key stays while another copy survives)."""
+    slot = _slot(pool, pool.key[block])
+    prev, nxt = pool.links[block, DUP_PREV], pool.links[block, DUP_NEXT]
+    if prev == NONE:
+        pool.tab[slot, FIRST] = nxt
+    else:
+        pool.links[prev, DUP_NEXT] = nxt
+    if nxt == NONE:
+        pool.tab[slot, LAST] = prev
+    else:
+        pool.links[nxt, DUP_PREV] = prev
+    pool.cached[block] = False
+    if pool.tab[slot, FIRST] != NONE:
+        return
+    # Backward-shift deletion: entries after the hole move back unless their home lies
+    # cyclically in (hole, j].
+    mask = len(pool.tab_key) - 1
+    hole = slot
+    j = slot
+    while True:
+        j = (j + 1) & mask
+        if pool.tab[j, FIRST] == NONE:
+            break
+        home = pool.tab_key[j] & mask
+        if (hole < home <= j) if hole <= j else (hole < home or home <= j):
+            continue
+        pool.tab_key[hole] = pool.tab_key[j]
+        pool.tab[hole, FIRST] = pool.tab[j, FIRST]
+        pool.tab[hole, LAST] = pool.tab[j, LAST]
+        hole = j
+    pool.tab[hole, FIRST] = NONE
+
+
+@njit(cache=True)
+def _unlink(pool: Pool, block: int) -> None:
+    """Take a block out of the cached run of the free queue."""
+    prev, nxt = pool.links[block, Q_PREV], pool.links[block, Q_NEXT]
+    if prev == NONE:
+        pool.state[Q_HEAD] = nxt
+    else:
+        pool.links[prev, Q_NEXT] = nxt
+    if nxt == NONE:
+        pool.state[Q_TAIL] = prev
+    else:
+        pool.links[nxt, Q_PREV] = prev
+    pool.state[Q_LEN] -= 1
+
+
+@njit(cache=True)
+def add_blocks(
+    pool: Pool, table: np.ndarray, start: int, stop: int, tally: np.ndarray, r: int
+) -> None:
+    """Fill table[start:stop] from the queue head, evicting popped cached blocks (needs
+    ``reserve`` first)."""
+    st = pool.state
+    for i in range(start, stop):
+        if st[STACK_LEN] > 0:
+            st[STACK_LEN] -= 1
+            block = np.int64(pool.stack[st[STACK_LEN]])
+        elif st[NEXT_FRESH] <= st[LIMIT]:
+            block = st[NEXT_FRESH]
+            st[NEXT_FRESH] += 1
+        else:
+            block = st[Q_HEAD]
+            _unlink(pool, block)
+            _evict(pool, block)
+            tally[EVICTED, r] += 1
+        pool.ref_cnt[block] = 1
+        table[i] = block
+
+
+@njit(cache=True)
+def cache_blocks(
+    pool: Pool,
+    table: np.ndarray,
+    keys: np.ndarray,
+    start: int,
+    stop: int,
+    tally: np.ndarray,
+    r: int,
+) -> None:
+    """Cache table[start:stop] under their keys, each as the newest copy of its key."""
+    for i in range(start, stop):
+        block, key = table[i], keys[i]
+        pool.key[block] = key
+        pool.cached[block] = True
+        pool.links[block, DUP_NEXT] = NONE
+        slot = _slot(pool, key)
+        if pool.tab[slot, FIRST] == NONE:
+            pool.tab_key[slot] = key
+            pool.tab[slot, FIRST] = block
+            last = NONE
+        else:
+            last = pool.tab[slot, LAST]
+            pool.links[last, DUP_NEXT] = block
+            tally[DUPLICATE, r] += 1
+        pool.links[block, DUP_PREV] = last
+        pool.tab[slot, LAST] = block
+        tally[INSERTED, r] += 1
+
+
+@njit(cache=True)
+def lookup(pool: Pool, keys: np.ndarray, max_blocks: int, table: np.ndarray) -> int:
+    """The hit: the oldest copies of the leading cached keys among the first ``max_blocks``,
+    written to ``table``; returns their number."""
+    k = 0
+    while k < max_blocks:
+        block = pool.tab[_slot(pool, keys[k]), FIRST]
+        if block == NONE:
+            break
+        table[k] = block
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def can_allocate(pool: Pool, table: np.ndarray, n_hit: int, n_blocks: int) -> bool:
+    """The admission gate: new blocks plus unreferenced hit blocks must all be free now."""
+    evictable = 0
+    for i in range(n_hit):
+        evictable += pool.ref_cnt[table[i]] == 0
+    st = pool.state
+    return (
+        n_blocks - n_hit + evictable <= st[STACK_LEN] + st[LIMIT] + 1 - st[NEXT_FRESH] + st[Q_LEN]
+    )
+
+
+@njit(cache=True)
+def allocate(
+    pool: Pool,
+    table: np.ndarray,
+    keys: np.ndarray,
+    n_hit: int,
+    n_tokens: int,
+    block_size: int,
+    tally: np.ndarray,
+    r: int,
+) -> Pool:
+    """Admit: touch the hit (unreferenced blocks leave the queue), then take blocks for
+    ``n_tokens`` slots and cache their full blocks."""
+    for i in range(n_hit):
+        block = table[i]
+        if pool.ref_cnt[block] == 0:
+            _unlink(pool, block)
+        pool.ref_cnt[block] += 1
+    n_blocks = (n_tokens + block_size - 1) // block_size
+    pool = reserve(pool, n_blocks - n_hit)
+    add_blocks(pool, table, n_hit, n_blocks, tally, r)
+    cache_blocks(pool, table, keys, n_hit, n_tokens // block_size, tally, r)
+    return pool
+
+
+# ------------------------------------------------------------------------------------ running rows
+
+
+@njit(cache=True)
+def new_slots(max_rows: int, width: int) -> Slots:
+    rows = min(max_rows, 16)
+    free = np.zeros(max_rows, np.int64)
+    for i in range(rows):
+        free[i] = rows - 1 - i
+    n_free = np.zeros(1, np.int64)
+    n_free[0] = rows
+    return Slots(
+        np.zeros((rows, width), np.int32),
+        np.zeros((rows, width), np.int64),
+        np.zeros((rows, 4), np.int64),
+        free,
+        n_free,
+    )
+
+
+@njit(cache=True)
+def next_slot(slots: Slots) -> tuple[Slots, int]:
+    """The row the next admission takes (rows are added when none is free)."""
+    if slots.n_free[0] == 0:
+        rows, width = slots.tables.shape
+        more = min(2 * rows, len(slots.free))
+        tables = np.zeros((more, width), np.int32)
+        keys = np.zeros((more, width), np.int64)
+        info = np.zeros((more, 4), np.int64)
+        for i in range(rows):
+            for j in range(width):
+                tables[i, j] = slots.tables[i, j]
+                keys[i, j] = slots.keys[i, j]
+            for j in range(4):
+                info[i, j] = slots.info[i, j]
+        for i in range(more - rows):
+            slots.free[i] = more - 1 - i
+        slots.n_free[0] = more - rows
+        slots = Slots(tables, keys, info, slots.free, slots.n_free)
+    return slots, slots.free[slots.n_free[0] - 1]
+
+
+@njit(cache=True)
+def release(pool: Pool, slots: Slots, s: int) -> None:
+    """vLLM's free of the request in row s, last block first: the uncached tail goes to the head
+    of the queue (reused last block first), cached blocks that reach ref_cnt 0 to the FIFO's
+    tail. Then the row is free."""
+    table, n_blocks, n_cached = slots.tables[s], slots.info[s, N_BLOCKS], slots.info[s, N_CACHED]
+    st = pool.state
+    for i in range(n_cached, n_blocks):  # the last one pushed becomes the head
+        pool.ref_cnt[table[i]] -= 1
+        pool.stack[st[STACK_LEN]] = table[i]
+        st[STACK_LEN] += 1
+    for i in range(n_cached - 1, -1, -1):
+        block = table[i]
+        pool.ref_cnt[block] -= 1
+        if pool.ref_cnt[block] == 0:
+            pool.links[block, Q_PREV] = st[Q_TAIL]
+            pool.links[block, Q_NEXT] = NONE
+            if st[Q_TAIL] == NONE:
+                st[Q_HEAD] = block
+            else:
+                pool.links[st[Q_TAIL], Q_NEXT] = block
+            st[Q_TAIL] = block
+            st[Q_LEN] += 1
+    slots.free[slots.n_free[0]] = s
+    slots.n_free[0] += 1
+
+
+@njit(cache=True)
+def append_slot(pool: Pool, slots: Slots, s: int, block_size: int, tally: np.ndarray) -> bool:
+    """Decode: a slot for the last sampled token; False if that needs a block and none is free
+    (needs ``reserve`` first)."""
+    info = slots.info[s]
+    n_tokens = info[N_COMPUTED] + 1
+    if (n_tokens + block_size - 1) // block_size > info[N_BLOCKS]:
+        st = pool.state
+        if st[STACK_LEN] == 0 and st[NEXT_FRESH] > st[LIMIT] and st[Q_LEN] == 0:
+            return False
+        add_blocks(pool, slots.tables[s], info[N_BLOCKS], info[N_BLOCKS] + 1, tally, info[REQ])
+        info[N_BLOCKS] += 1
+    n_full = n_tokens // block_size
+    cache_blocks(pool, slots.tables[s], slots.keys[s], info[N_CACHED], n_full, tally, info[REQ])
+    info[N_CACHED] = max(info[N_CACHED], n_full)
+    return True
+
+
+# ------------------------------------------------------------------------------------ replays
+
+
+@njit(cache=True)
+def replay_lock_step(
+    p_tok: np.ndarray,
+    p_off: np.ndarray,
+    o_tok: np.ndarray,
+    o_off: np.ndarray,
+    namespace: np.ndarray,
+    runnable: np.ndarray,
+    block_size: int,
+    limit: int,
+    max_in_flight: int,
+    width: int,
+    tally: np.ndarray,
+) -> None:
+    """vLLM's scheduler loop in lock-step (see ``vllm_apc``): decode first, preempting the newest
+    running request when blocks run out; FCFS admission in steps without a preemption."""
+    n = len(runnable)
+    prompt_len = p_off[1:] - p_off[:-1]
+    n_out = o_off[1:] - o_off[:-1]
+    num_tokens = prompt_len.copy()  # prompt + generated so far, per request
+    pool = new_pool(limit, min(limit + 1, 1024))
+    max_rows = max(1, min(max_in_flight, n))
+    slots = new_slots(max_rows, width)
+    head_keys = np.zeros(width, np.int64)  # keys of the waiting head, kept while it waits
+    head_req = NONE
+    running = np.zeros(max_rows, np.int64)  # rows, oldest admission first
+    n_running = 0
+    scheduled = np.zeros(max_rows, np.int64)
+    waiting = np.zeros(n, np.int64)  # preempted requests, on top of the new ones next_new..
+    n_preempted = 0
+    next_new = 0
+    while True:
+        while next_new < n and not runnable[next_new]:
+            next_new += 1
+        if n_running == 0 and n_preempted == 0 and next_new == n:
+            return
+        n_scheduled = 0
+        preempted = False
+        pool = reserve(pool, n_running)
+        i = 0
+        while i < n_running:
+            s = running[i]
+            ok = append_slot(pool, slots, s, block_size, tally)
+            while not ok:  # preempt the newest running request, maybe s itself
+                n_running -= 1
+                victim = running[n_running]
+                tally[PREEMPTIONS, slots.info[victim, REQ]] += 1
+                waiting[n_preempted] = slots.info[victim, REQ]
+                n_preempted += 1
+                release(pool, slots, victim)
+                preempted = True
+                if victim == s:
+                    break
+                ok = append_slot(pool, slots, s, block_size, tally)
+            if not ok:
+                break
+            slots.info[s, N_COMPUTED] += 1
+            scheduled[n_scheduled] = s
+            n_scheduled += 1
+            i += 1
+        while not preempted and n_running < max_in_flight:
+            while next_new < n and not runnable[next_new]:
+                next_new += 1
+            if n_preempted:
+                r = waiting[n_preempted - 1]
+            elif next_new < n:
+                r = next_new
+            else:
+                break
+            if head_req != r:
+                request_keys(p_tok, p_off, o_tok, o_off, namespace[r], r, block_size, head_keys)
+                head_req = r
+            slots, s = next_slot(slots)
+            table = slots.tables[s]
+            n_hit = lookup(pool, head_keys, (num_tokens[r] - 1) // block_size, table)
+            n_blocks = (num_tokens[r] + block_size - 1) // block_size
+            if not can_allocate(pool, table, n_hit, n_blocks):
+                break
+            if n_preempted:
+                n_preempted -= 1
+            else:
+                next_new += 1
+            slots.n_free[0] -= 1
+            for j in range(width):
+                slots.keys[s, j] = head_keys[j]
+            pool = allocate(pool, table, head_keys, n_hit, num_tokens[r], block_size, tally, r)
+            slots.info[s, REQ] = r
+            slots.info[s, N_BLOCKS] = n_blocks
+            slots.info[s, N_CACHED] = max(n_hit, num_tokens[r] // block_size)
+            slots.info[s, N_COMPUTED] = num_tokens[r]
+            tally[HIT if tally[PREEMPTIONS, r] == 0 else REHIT, r] += n_hit * block_size
+            running[n_running] = s
+            n_running += 1
+            scheduled[n_scheduled] = s
+            n_scheduled += 1
+        if n_scheduled == 0:
+            raise RuntimeError("no request could be scheduled")  # unreachable: peaks fit
+        for j in range(n_scheduled):  # the model samples one token per scheduled request
+            s = scheduled[j]
+            r = slots.info[s, REQ]
+            num_tokens[r] += 1
+            if num_tokens[r] - prompt_len[r] == n_out[r]:
+                k = 0
+                while running[k] != s:
+                    k += 1
+                n_running -= 1
+                for m in range(k, n_running):
+                    running[m] = running[m + 1]
+                release(pool, slots, s)
+
+
+@njit(cache=True)
+def replay_in_time(
+    p_tok: np.ndarray,
+    p_off: np.ndarray,
+    o_tok: np.ndarray,
+    o_off: np.ndarray,
+    namespace: np.ndarray,
+    runnable: np.ndarray,
+    block_size: int,
+    limit: int,
+    max_in_flight: int,
+    width: int,
+    tally: np.ndarray,
+    arrival: np.ndarray,
+    prefill_rate: float,
+    decode_rate: float,
+) -> None:
+    """Arrival-time replay, each request scheduled whole at admission (see ``vllm_apc``); the
+    sequential replay is the case of arrivals all 0 and one in flight."""
+    n = len(runnable)
+    pool = new_pool(limit, min(limit + 1, 1024))
+    max_rows = max(1, min(max_in_flight, n))
+    slots = new_slots(max_rows, width)
+    head_keys = np.zeros(width, np.int64)
+    head_req = NONE
+    # The running requests' rows, a binary heap on (finish time, admission number).
+    heap_time = np.zeros(max_rows, np.float64)
+    heap_order = np.zeros(max_rows, np.int64)
+    heap_row = np.zeros(max_rows, np.int64)
+    n_running = 0
+    admissions = 0
+    next_arrival = 0
+    waiting = 0  # the waiting requests are waiting..next_arrival-1, in order
+    while next_arrival < n or waiting < next_arrival or n_running:
+        now = arrival[next_arrival] if next_arrival < n else np.inf
+        if n_running and heap_time[0] < now:
+            now = heap_time[0]
+        while n_running and heap_time[0] <= now:
+            release(pool, slots, heap_row[0])
+            n_running -= 1
+            _heap_pop(heap_time, heap_order, heap_row, n_running)
+        while next_arrival < n and arrival[next_arrival] <= now:
+            next_arrival += 1
+        while n_running < max_in_flight:
+            while waiting < next_arrival and not runnable[waiting]:
+                waiting += 1
+            if waiting == next_arrival:
+                break
+            r = waiting
+            if head_req != r:
+                request_keys(p_tok, p_off, o_tok, o_off, namespace[r], r, block_size, head_keys)
+                head_req = r
+            prompt_len = p_off[r + 1] - p_off[r]
+            peak_tokens = prompt_len + o_off[r + 1] - o_off[r] - 1
+            peak = (peak_tokens + block_size - 1) // block_size
+            slots, s = next_slot(slots)
+            table = slots.tables[s]
+            n_hit = lookup(pool, head_keys, (prompt_len - 1) // block_size, table)
+            if not can_allocate(pool, table, n_hit, peak):
+                break
+            waiting += 1
+            slots.n_free[0] -= 1
+            pool = reserve(pool, peak - n_hit)
+            # Scheduled whole, in vLLM's order: the prompt is allocated and cached, then each
+            # output block is taken once the blocks before it are full and cached.
+            pool = allocate(pool, table, head_keys, n_hit, prompt_len, block_size, tally, r)
+            n_cached = max(n_hit, prompt_len // block_size)
+            for b in range((prompt_len + block_size - 1) // block_size, peak):
+                cache_blocks(pool, table, head_keys, n_cached, b, tally, r)
+                n_cached = max(n_cached, b)
+                add_blocks(pool, table, b, b + 1, tally, r)
+            cache_blocks(pool, table, head_keys, n_cached, peak_tokens // block_size, tally, r)
+            tally[HIT, r] = n_hit * block_size
+            slots.info[s, N_BLOCKS] = peak
+            slots.info[s, N_CACHED] = peak_tokens // block_size
+            service = (prompt_len - n_hit * block_size) / prefill_rate
+            service += (o_off[r + 1] - o_off[r]) / decode_rate
+            _heap_push(heap_time, heap_order, heap_row, n_running, now + service, admissions, s)
+            n_running += 1
+            admissions += 1
+
+
+@njit(cache=True)
+def _heap_push(
+    time: np.ndarray,
+    order: np.ndarray,
+    row: np.ndarray,
+    size: int,
+    t: float,
+    o: int,
+    s: int,
+) -> None:
+    """Add (t, o, s) to the heap of ``size`` entries ordered by (time, order)."""
+    i = size
+    while i > 0:
+        parent = (i - 1) // 2
+        if time[parent] < t or (time[parent] == t and order[parent] < o):
+            break
+        time[i], order[i], row[i] = time[parent], order[parent], row[parent]
+        i = parent
+    time[i], order[i], row[i] = t, o, s
+
+
+@njit(cache=True)
+def _heap_pop(time: np.ndarray, order: np.ndarray, row: np.ndarray, size: int) -> None:
+    """Drop the top; ``size`` entries remain (the last one sifts down from the top)."""
+    t, o, s = time[size], order[size], row[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and (
+            time[right] < time[child]
+            or (time[right] == time[child] and order[right] < order[child])
+        ):
+            child = right
+        if t < time[child] or (t == time[child] and o < order[child]):
+            break
+        time[i], order[i], row[i] = time[child], order[child], row[child]
+        i = child
+    time[i], order[i], row[i] = t, o, s
