@@ -21,4 +21,3 @@ def json_object(raw: bytes, file: str, line: int) -> dict[str, Any] | Skip:
     if not isinstance(obj, dict):
         return Skip(file, line, f"expected a JSON object, got {type(obj).__name__}")
     return obj
-
