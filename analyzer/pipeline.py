@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from analyzer.diagnose import diagnose_log
 from analyzer.ingest import IngestOptions, ingest
 from analyzer.loaders.mapped import FieldMap
 from analyzer.measure.estimate import prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
 from analyzer.per_model import model_labels, model_summaries, replay_by_model
-from analyzer.prefixes import SharedPrefix, shared_prefixes
+from analyzer.prefixes import TEMPLATE_MIN_TOKENS, SharedPrefix, shared_prefixes
 from analyzer.progress import NoProgress, Progress
 from analyzer.replay import (
     Replays,
@@ -27,7 +28,6 @@ from analyzer.replay import (
 from analyzer.report import (
     EngineSummary,
     PrefixSummary,
-    Recommendation,
     Report,
     SkipSummary,
 )
@@ -36,9 +36,6 @@ from analyzer.snippets import snippet
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import TokenizedLog
 from cache_models.result import ReplayResult
-
-# A padding recommendation must save at least this share of all prompt tokens.
-MIN_RECOMMENDED_SHARE = 0.002
 
 
 @dataclass(frozen=True)
@@ -50,6 +47,7 @@ class AnalyzeOptions:
     hash_block_size: int | None = None  # None: each trace format's own (Mooncake 512, Bailian 16)
     top_prefixes: int = 10
     redact: bool = False
+    what_if: tuple[str, ...] = ()  # --what-if: named fixes to replay
     model_preset: str = DEFAULT_ESTIMATE_PRESET  # the model shape of the prefill estimate
     fields: FieldMap | None = None  # --prompt-field, --time-field, ...
     chat_template: str | None = None  # --chat-template: a built-in, a named template or a file
@@ -103,7 +101,24 @@ def analyze(
 
     hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
     decoder = tokenizer if tokenizer is not None and not hash_trace else None
-    prefixes = shared_prefixes(replays.trie, top=options.top_prefixes)
+    diagnosed = diagnose_log(
+        workload,
+        replays,
+        order,
+        tokenized.requests,
+        options.settings,
+        decoder,
+        options.redact,
+        options.what_if,
+        progress,
+    )
+    prefixes = [  # templates, not the shared heads of varying values
+        prefix
+        for prefix in shared_prefixes(
+            replays.trie, top=2 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
+        )
+        if not diagnosed.values.ends_inside(prefix.tokens)
+    ][: options.top_prefixes]
     block_size = options.settings.block_size
     report = Report(
         inputs=loaded.formats,
@@ -142,7 +157,8 @@ def analyze(
             _prefix_summary(prefix, block_size, decoder, options.redact, tokenized)
             for prefix in prefixes
         ],
-        recommendations=_padding_recommendations(prefixes, block_size, workload.prompt_lengths),
+        recommendations=diagnosed.diagnosis.recommendations,
+        diagnosis=diagnosed.diagnosis,
         notes=_notes(tokenized, hash_trace, options.hash_block_size)
         + _loading_notes(loaded.answers_joined, tokenized)
         + (
@@ -160,7 +176,7 @@ def analyze(
     )
     return Analysis(
         report=report,
-        per_request=_per_request(tokenized, replays),
+        per_request=_per_request(tokenized, replays).hstack(pl.DataFrame(diagnosed.per_request)),
         tokenized=tokenized,
         replays=replays,
     )
@@ -192,58 +208,13 @@ def _prefix_summary(
         tokens=prefix.length,
         remainder=prefix.length % block_size,
         requests=prefix.requests,
+        covered_tokens=prefix.covered_tokens,
         namespace=tokenized.namespace_labels[prefix.namespace],
         fingerprint=prefix.fingerprint(tokenized.namespace_labels[prefix.namespace]),
         padding=prefix.padding(block_size),
         recompute_saved_per_request=prefix.recompute_saved_per_request(block_size),
         snippet=None if redact else snippet(prefix.tokens, decoder),
     )
-
-
-def _padding_recommendations(
-    prefixes: list[SharedPrefix], block_size: int, prompt_lengths: np.ndarray
-) -> list[Recommendation]:
-    """Pad unaligned shared prefixes to the block size, where that saves a noticeable share of the
-    prompt tokens (an estimate: the prefix's remainder, for every request after the first).
-
-    Only prefixes of at least one block count: a shorter one is a common opening of different
-    prompts (a role header), not a template. The same text under several namespaces (tenant
-    salts) is one recommendation.
-    """
-    merged: dict[bytes, SharedPrefix] = {}
-    for prefix in prefixes:
-        key = prefix.tokens.tobytes()
-        if key in merged:
-            merged[key] = replace(merged[key], requests=merged[key].requests + prefix.requests)
-        else:
-            merged[key] = prefix
-    floor = MIN_RECOMMENDED_SHARE * int(prompt_lengths.sum())
-    items = []
-    for prefix in merged.values():
-        saved = prefix.recompute_saved_per_request(block_size)
-        padding = prefix.padding(block_size)
-        later_requests = prefix.requests - 1
-        if prefix.length < block_size or saved * later_requests - padding < floor:
-            continue
-        items.append(
-            Recommendation(
-                kind="pad_prefix",
-                summary=(
-                    f"Pad the {prefix.length}-token prefix shared by {prefix.requests} requests "
-                    f"with {padding} tokens to {prefix.length + padding} (a multiple of "
-                    f"{block_size}): each later request recomputes {saved} fewer tokens on vLLM."
-                ),
-                details={
-                    "prefix_tokens": prefix.length,
-                    "padding_tokens": padding,
-                    "insert_at_token": prefix.length,
-                    "requests": prefix.requests,
-                    "recompute_saved_per_request": saved,
-                    "estimated_recompute_saved": saved * later_requests,
-                },
-            )
-        )
-    return items
 
 
 def _notes(tokenized: TokenizedLog, hash_trace: bool, hash_block_size: int | None) -> list[str]:

@@ -10,6 +10,10 @@ import numpy as np
 from cache_models.prefix_trie import TrieNodes
 
 FINGERPRINT_TOKENS = 16
+# What reports list as templates: prefixes that add at least this many tokens to the nearest
+# shorter shared prefix, or to nothing (fewer: a role header, or the first words of varied
+# content after a template).
+TEMPLATE_MIN_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,11 @@ class SharedPrefix:
     first_request: int
     shared_beyond_parent: int
     tokens: np.ndarray
+
+    @property
+    def covered_tokens(self) -> int:
+        """Prompt tokens that are this prefix, over all the requests that share it."""
+        return self.length * self.requests
 
     def fingerprint(self, namespace_label: str) -> str:
         """A stable id for the template across runs: a hash of its head and namespace, so a
@@ -44,14 +53,23 @@ class SharedPrefix:
         return self.length % block_size
 
 
-def shared_prefixes(trie: TrieNodes, *, min_requests: int = 2, top: int = 10) -> list[SharedPrefix]:
+def shared_prefixes(
+    trie: TrieNodes,
+    *,
+    min_requests: int = 2,
+    top: int = 10,
+    min_extension: int = 1,
+) -> list[SharedPrefix]:
     """The ``top`` shared prefixes by the tokens they add to the sharing.
 
     A node qualifies when at least ``min_requests`` prompts pass through it and no child keeps all
     of them (the prefix is maximal: the requests diverge right after it). Qualifying prefixes nest
     (a system prompt, then the same system prompt with a few-shot block); each is scored by the
     tokens it shares beyond its nearest qualifying ancestor times the requests that reuse them,
-    so a template ranks high and its many small variations do not.
+    so a template ranks high and its many small variations do not. A prefix that adds fewer than
+    ``min_extension`` tokens to its nearest qualifying ancestor (or to nothing) is left out.
+    Columnar throughout: the trie holds each distinct token once, so this scales with the
+    distinct prefixes, not with the log.
     """
     count = trie.count
     best_child = np.zeros(trie.n_nodes, np.int64)
@@ -61,6 +79,7 @@ def shared_prefixes(trie: TrieNodes, *, min_requests: int = 2, top: int = 10) ->
     ancestor = _nearest_qualifying_ancestor(trie.parent, qualifies)
     candidates = np.flatnonzero(qualifies)
     beyond = trie.depth[candidates] - trie.depth[ancestor[candidates]]
+    candidates, beyond = candidates[beyond >= min_extension], beyond[beyond >= min_extension]
     score = beyond * (count[candidates] - 1)
     ranked = np.lexsort((candidates, -score))[:top]
     return [

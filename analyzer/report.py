@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.errors import Skip
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
 from analyzer.per_model import ModelSummary
 from analyzer.server_compare import ServerComparison
+
+if TYPE_CHECKING:
+    from analyzer.diagnose.model import Diagnosis
 
 SCHEMA_VERSION = 1
 SKIP_EXAMPLES = 5
@@ -37,6 +40,7 @@ class PrefixSummary:
     tokens: int
     remainder: int
     requests: int
+    covered_tokens: int  # tokens x requests: the prompt tokens that are this prefix
     namespace: str
     # Identifies a template across runs (hash of its first tokens and namespace) for `compare`.
     fingerprint: str
@@ -90,6 +94,7 @@ class Report:
     server_comparison: ServerComparison | None = None  # the server's own cached-token counts
     prefill_estimate: PrefillEstimate | None = None  # FLOPs and KV bytes on a model shape
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
+    diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (stable keys)."""
@@ -120,6 +125,11 @@ class Report:
             ),
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
+            **(
+                self.diagnosis.to_dict(self.prompt_tokens, self.ceiling.hit_tokens)
+                if self.diagnosis
+                else {}
+            ),
         }
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from analyzer.diagnose.html import html_report
 from analyzer.errors import PrefixcheckError
 from analyzer.export import write_table
 from analyzer.gates import LossLimit, evaluate_gates
@@ -143,6 +144,17 @@ def analyze_command(
     measure: Annotated[
         bool, typer.Option(help="Also time sampled prefills (gpu extra; see `measure`).")
     ] = False,
+    what_if: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--what-if",
+            help="Replay a fix: pad-prefixes, move-dynamic, no-salt, block-size=N, page-size=N, "
+            "capacity=N, eviction-policy=P; join with + to combine; repeatable.",
+        ),
+    ] = None,
+    html_path: Annotated[
+        Path | None, typer.Option("--html", help="Write a self-contained HTML report (charts).")
+    ] = None,
 ) -> None:
     """Replay a prompt log through both engines' prefix caches and report the hits."""
     console = Console()
@@ -166,6 +178,7 @@ def analyze_command(
         hash_block_size=hash_block_size,
         top_prefixes=top,
         redact=redact,
+        what_if=tuple(what_if or ()),
         model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
         fields=field_map(prompt_field, messages_field, time_field, tenant_field, salt_field),
         chat_template=chat_template,
@@ -187,6 +200,8 @@ def analyze_command(
             write_text(json_path, json.dumps(report, indent=2) + "\n")
         if markdown_path is not None:
             write_text(markdown_path, markdown(report, gates))
+        if html_path is not None:
+            write_text(html_path, html_report(report))
         if junit_path is not None:
             write_text(junit_path, junit_xml(report, gates))
         if per_request is not None:

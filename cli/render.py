@@ -10,6 +10,7 @@ from rich.text import Text
 
 from analyzer.gates import GateResult
 from analyzer.report import EngineSummary, Report
+from cli.render_diagnosis import render_diagnosis
 from cli.render_inputs import models_table, server_table
 from cli.render_measure import estimate_table, render_measurement
 
@@ -27,6 +28,8 @@ def render_report(report: Report, console: Console) -> None:
         console.print(estimate_table(report.prefill_estimate))
     if report.shared_prefixes:
         console.print(_prefixes(report))
+    if report.diagnosis is not None:
+        render_diagnosis(report.diagnosis, report.prompt_tokens, console)
     if report.recommendations:
         console.print(
             Panel(
@@ -96,21 +99,26 @@ def _engines(report: Report) -> Table:
 def _prefixes(report: Report) -> Table:
     block = report.block_size
     table = Table(title="Top shared prefixes", box=box.SIMPLE, title_justify="left")
-    for header in ("tokens", f"% {block}", "requests", "pad", "saved/req"):
+    for header in ("tokens", f"% {block}", "requests", "covered", "pad"):
         table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("namespace", no_wrap=True, overflow="ellipsis", max_width=20)
-    table.add_column("snippet", overflow="ellipsis", no_wrap=True, ratio=1)
+    # Text columns shrink first (wrappable) but show one truncated line (the cells do not wrap).
+    table.add_column("namespace", max_width=20)
+    table.add_column("snippet")
     for prefix in report.shared_prefixes:
         table.add_row(
             f"{prefix.tokens:,}",
             str(prefix.remainder),
             f"{prefix.requests:,}",
+            f"{prefix.covered_tokens:,}",
             f"+{prefix.padding}" if prefix.padding else "0",
-            str(prefix.recompute_saved_per_request),
-            prefix.namespace or "-",
-            prefix.snippet if prefix.snippet is not None else "(redacted)",
+            _one_line(prefix.namespace or "-"),
+            _one_line(prefix.snippet if prefix.snippet is not None else "(redacted)"),
         )
     return table
+
+
+def _one_line(text: str) -> Text:
+    return Text(text, no_wrap=True, overflow="ellipsis")
 
 
 def render_gates(gates: list[GateResult], console: Console) -> None:

@@ -1,0 +1,248 @@
+"""Diagnosis: why each prompt token was recomputed, what the log's templates and dynamic values
+are, how hits grow with capacity and block size, and fixes whose gains are measured by replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import polars as pl
+
+from analyzer.diagnose.capacity import capacity_curves
+from analyzer.diagnose.dynamic import Site, Spans, ValueRanges, find_dynamic_content
+from analyzer.diagnose.fixes import apply_edits, original_hits, with_namespace
+from analyzer.diagnose.losses import CATEGORIES, Ceilings, attribute
+from analyzer.diagnose.measure import Scenario, gains, replay_hits, replay_many
+from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
+from analyzer.diagnose.plans import Context, PadTarget, static_runs, what_if_plan
+from analyzer.diagnose.recommend import Evidence, recommend
+from analyzer.diagnose.sweep import size_sweep
+from analyzer.prefixes import TEMPLATE_MIN_TOKENS, shared_prefixes
+from analyzer.progress import NoProgress, Progress
+from analyzer.replay import Replays, ReplaySettings
+from analyzer.tokenizer import Tokenizer
+from cache_models.prefix_trie import PrefixTrie, TrieNodes
+from cache_models.trie_walk import nodes_on_paths
+from cache_models.workload import Workload
+
+# The static run a dynamic value must precede to count (shorter runs are not worth moving it).
+MIN_STATIC_TOKENS = 16
+# Shared prefixes considered for padding.
+PAD_CANDIDATES = 32
+
+
+@dataclass(frozen=True)
+class DiagnoseInput:
+    """Everything in replay order: the workload, its replays and per-request labels."""
+
+    workload: Workload
+    replays: Replays  # hits in the workload's order; the trie built from it
+    settings: ReplaySettings
+    salt_free_namespace: np.ndarray  # the namespace with cache_salt left out
+    servers: np.ndarray | None  # the model each request goes to, when the log has several
+    decoder: Tokenizer | None
+    redact: bool
+    what_if: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DiagnoseResult:
+    diagnosis: Diagnosis
+    per_request: dict[str, np.ndarray]  # ``{engine}_lost_{category}``
+    values: ValueRanges  # where the dynamic values lie
+
+
+def diagnose_log(
+    workload: Workload,
+    replays: Replays,
+    order: np.ndarray | None,
+    requests: pl.DataFrame,
+    settings: ReplaySettings,
+    decoder: Tokenizer | None,
+    redact: bool,
+    what_if: tuple[str, ...] = (),
+    progress: Progress | None = None,
+) -> DiagnoseResult:
+    """``diagnose`` for the pipeline: the workload, replays and request table in input order,
+    replayed in ``order`` (None: as they are); per-request losses come back in input order."""
+    models = requests["model"].fill_null("").to_numpy().astype(str)
+    salt_free = requests.select(
+        pl.struct(pl.col("model").fill_null(""), pl.col("lora").fill_null("")).rank("dense")
+    ).to_series()
+    if order is not None:
+        workload = workload.select(order)
+        replays = Replays(
+            vllm=replace(replays.vllm, hit_tokens=replays.vllm.hit_tokens[order]),
+            sglang=replace(replays.sglang, hit_tokens=replays.sglang.hit_tokens[order]),
+            sglang_page1=replace(
+                replays.sglang_page1, hit_tokens=replays.sglang_page1.hit_tokens[order]
+            ),
+            ideal=replace(replays.ideal, hit_tokens=replays.ideal.hit_tokens[order]),
+            trie=replays.trie,
+        )
+        models = models[order]
+        salt_free = salt_free[order]
+    inputs = DiagnoseInput(
+        workload=workload,
+        replays=replays,
+        settings=settings,
+        salt_free_namespace=salt_free.to_numpy().astype(np.int32),
+        servers=models if len(set(models)) > 1 else None,
+        decoder=decoder,
+        redact=redact,
+        what_if=what_if,
+    )
+    result = diagnose(inputs, progress)
+    if order is None:
+        return result
+    per_request = {}
+    for name, values in result.per_request.items():
+        per_request[name] = np.empty_like(values)
+        per_request[name][order] = values
+    return replace(result, per_request=per_request)
+
+
+def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> DiagnoseResult:
+    progress = progress or NoProgress()
+    progress.stage("diagnosing", None)
+    workload, replays, settings = inputs.workload, inputs.replays, inputs.settings
+    hits = {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens}
+    unbounded = hits
+    if settings.capacity_tokens is not None:
+        unbounded = replay_hits(
+            Scenario(workload, replace(settings, capacity_tokens=None), servers=inputs.servers)
+        )
+
+    salt_free, salt_free_trie, salt_free_ceiling = _salt_free(workload, replays, inputs)
+    sites, spans = find_dynamic_content(
+        salt_free_trie, salt_free, MIN_STATIC_TOKENS, inputs.decoder
+    )
+    constant_ceiling = salt_free_ceiling
+    if sites:
+        edits = spans.edits()
+        trie = PrefixTrie()
+        normalised = trie.replay(apply_edits(salt_free, edits)).hit_tokens
+        constant_ceiling = original_hits(normalised, edits, workload.prompt_lengths)
+    ceilings = Ceilings(replays.ideal.hit_tokens, salt_free_ceiling, constant_ceiling)
+    lengths = workload.prompt_lengths
+    losses = {e: attribute(e, lengths, hits[e], unbounded[e], ceilings) for e in hits}
+    moves = static_runs(workload, spans, len(sites))
+    values = ValueRanges.of(sites, spans, salt_free_trie)
+    site_loss = np.maximum(constant_ceiling - salt_free_ceiling, 0)
+    dynamic_sites = _site_summaries(
+        sites, spans, moves.static_tokens, site_loss, lengths, inputs.redact
+    )
+
+    context = Context(
+        workload=workload,
+        settings=settings,
+        salt_free_namespace=inputs.salt_free_namespace,
+        pad_targets=_pad_targets(replays.trie, workload, values),
+        sites=sites,
+        moves=moves,
+        servers=inputs.servers,
+    )
+    curves, belady = capacity_curves(replays.trie, workload, settings, inputs.servers)
+    sweep = size_sweep(workload, settings, hits, inputs.servers)
+    totals = {e: losses[e].totals() for e in losses}
+    evidence = Evidence(
+        hits=hits,
+        sglang_page1_hits=replays.sglang_page1.hit_tokens,
+        dynamic_sites=dynamic_sites,
+        salt_loss=max(t["salts"] for t in totals.values()),
+        eviction_loss=max(t["eviction"] for t in totals.values()),
+        curves=curves,
+        sweep=sweep,
+    )
+    diagnosis = Diagnosis(
+        losses={e: EngineLosses(totals[e], losses[e].clamped) for e in losses},
+        dynamic_content=dynamic_sites,
+        recommendations=recommend(context, evidence),
+        capacity_curves=curves,
+        size_sweep=sweep,
+        belady=belady,
+        what_if=_what_ifs(context, hits, inputs.what_if),
+        eviction_policy=settings.eviction_policy,
+    )
+    per_request = {
+        f"{engine}_lost_{name}": losses[engine].per_request[name]
+        for engine in losses
+        for name in CATEGORIES
+    }
+    return DiagnoseResult(diagnosis, per_request, values)
+
+
+def _salt_free(
+    workload: Workload, replays: Replays, inputs: DiagnoseInput
+) -> tuple[Workload, TrieNodes, np.ndarray]:
+    """The workload without salts, its trie and its ceiling (the replays' own when no salt)."""
+    if np.array_equal(inputs.salt_free_namespace, workload.namespace):
+        return workload, replays.trie, replays.ideal.hit_tokens
+    salt_free = with_namespace(workload, inputs.salt_free_namespace)
+    trie = PrefixTrie()
+    ceiling = trie.replay(salt_free).hit_tokens
+    assert trie.nodes is not None
+    return salt_free, trie.nodes, ceiling
+
+
+def _site_summaries(
+    sites: list[Site],
+    spans: Spans,
+    static_tokens: np.ndarray,
+    site_loss: np.ndarray,
+    prompt_lengths: np.ndarray,
+    redact: bool,
+) -> list[DynamicSite]:
+    first_site = spans.first_per_request(len(prompt_lengths))
+    summaries = []
+    for index, site in enumerate(sites):
+        rows = spans.site == index
+        summaries.append(
+            DynamicSite(
+                position=site.start,
+                kind=site.kind,
+                requests=int(rows.sum()),
+                value_tokens=int(spans.length[rows].max(initial=0)),
+                static_tokens_after=int(static_tokens[index]),
+                lost_tokens=int(site_loss[first_site == index].sum()),
+                examples=None if redact else site.examples,
+            )
+        )
+    return summaries
+
+
+def _pad_targets(trie: TrieNodes, workload: Workload, values: ValueRanges) -> list[PadTarget]:
+    """The templates worth padding, the same tokens under every namespace merged, with the
+    requests that extend them; none that ends inside a dynamic value."""
+    groups: dict[bytes, list[int]] = {}
+    for prefix in shared_prefixes(trie, top=PAD_CANDIDATES, min_extension=TEMPLATE_MIN_TOKENS):
+        if not values.ends_inside(prefix.tokens):
+            groups.setdefault(prefix.tokens.tobytes(), []).append(prefix.node)
+    if not groups:
+        return []
+    marked = np.zeros(trie.n_nodes, np.bool_)
+    target_of = np.full(trie.n_nodes, -1, np.int64)
+    for index, nodes in enumerate(groups.values()):
+        marked[nodes] = True
+        target_of[nodes] = index
+    requests, nodes = nodes_on_paths(trie, workload, marked)
+    lengths = workload.prompt_lengths
+    targets = []
+    for index, key in enumerate(groups):
+        tokens = np.frombuffer(key, np.int32)
+        rows = requests[(target_of[nodes] == index)]
+        targets.append(PadTarget(tokens, rows[lengths[rows] > len(tokens)]))
+    return targets
+
+
+def _what_ifs(
+    context: Context, hits: dict[str, np.ndarray], specs: tuple[str, ...]
+) -> list[WhatIf]:
+    plans = [what_if_plan(context, spec) for spec in specs]
+    results = replay_many(
+        [Scenario(p.workload, p.settings, p.engines, context.servers) for p in plans]
+    )
+    return [
+        WhatIf(p.name, p.kind, gains(context.workload, hits, p.workload, result), p.details)
+        for p, result in zip(plans, results, strict=True)
+    ]

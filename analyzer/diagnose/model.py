@@ -1,0 +1,147 @@
+"""What the diagnosis adds to the report: losses by cause, dynamic content, curves, bounds,
+measured recommendations and what-ifs, with their JSON form."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from analyzer.diagnose.capacity import CapacityCurve
+from analyzer.diagnose.losses import CATEGORIES
+from analyzer.diagnose.measure import Gain
+from analyzer.diagnose.sweep import SweepPoint
+
+if TYPE_CHECKING:
+    from analyzer.report import Recommendation
+
+LOSS_DEFINITIONS = {
+    "never_seen": "(L - 1) - the ceiling with salts removed and dynamic values made constant: "
+    "tokens no earlier prompt or answer had (unavoidable)",
+    "last_token": "1 per request: the last prompt token is always computed for its logits",
+    "dynamic_content": "the ceiling with salts removed and dynamic values made constant - the "
+    "ceiling with salts removed: what varying values before shared text cost",
+    "salts": "the ceiling with salts removed - the ceiling: what per-tenant cache_salt cost "
+    "(LoRA adapters stay apart)",
+    "alignment": "the ceiling - the engine's hits with unbounded capacity: whole blocks or pages "
+    "only, and what the engine never caches",
+    "eviction": "the engine's hits with unbounded capacity - its hits at the configured capacity",
+    "ceiling": "the ideal cache: unbounded, token-exact, every prompt and cacheable answer kept",
+}
+
+
+@dataclass(frozen=True)
+class EngineLosses:
+    """One engine's recomputed prompt tokens by cause; they add up to prompt - hit tokens."""
+
+    tokens: dict[str, int]
+    clamped_requests: int
+
+    def to_dict(self, prompt_tokens: int) -> dict[str, Any]:
+        return {
+            name: {"tokens": tokens, "share": _share(tokens, prompt_tokens)}
+            for name, tokens in self.tokens.items()
+        }
+
+
+@dataclass(frozen=True)
+class DynamicSite:
+    """A varying value in a template and what it costs."""
+
+    position: int  # token position where the value starts
+    kind: str
+    requests: int
+    value_tokens: int  # the longest value, in tokens
+    static_tokens_after: int  # the shared run after it that the value keeps from being reused
+    lost_tokens: int  # the dynamic_content loss of the requests that pass it first
+    examples: list[str] | None
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    name: str
+    kind: str
+    measured: dict[str, Gain]
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "measured": {engine: gain.to_dict() for engine, gain in self.measured.items()},
+            "details": self.details,
+        }
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    losses: dict[str, EngineLosses]
+    dynamic_content: list[DynamicSite]
+    recommendations: list[Recommendation]
+    capacity_curves: dict[str, CapacityCurve]
+    size_sweep: dict[str, list[SweepPoint]]
+    belady: dict[str, int] | None  # hit tokens at the configured capacity
+    what_if: list[WhatIf]
+    eviction_policy: str
+
+    def to_dict(self, prompt_tokens: int, ceiling_hit_tokens: int) -> dict[str, Any]:
+        """The report's diagnosis keys (recommendations are the report's own key)."""
+        bounds: dict[str, Any] = {
+            "ceiling": {
+                "hit_tokens": ceiling_hit_tokens,
+                "hit_rate": _share(ceiling_hit_tokens, prompt_tokens),
+                "definition": LOSS_DEFINITIONS["ceiling"],
+            },
+            "belady": None,
+        }
+        if self.belady is not None:
+            bounds["belady"] = {
+                engine: {"hit_tokens": hits, "hit_rate": _share(hits, prompt_tokens)}
+                for engine, hits in self.belady.items()
+            }
+            bounds["belady_definition"] = (
+                "the most lookup hits any eviction policy could get at the configured capacity "
+                "knowing the future: blocks (vLLM) or pages (SGLang) keyed by namespace and "
+                "prefix, each request touching its cacheable blocks, a block kept between two "
+                "touches taking one block of room; Belady's rule with bypass is optimal for "
+                "that, and every engine schedule is one such schedule, so it is an upper bound"
+            )
+        return {
+            "losses": {
+                engine: losses.to_dict(prompt_tokens) for engine, losses in self.losses.items()
+            },
+            "loss_totals": {
+                engine: {
+                    "recomputed_tokens": sum(losses.tokens.values()),
+                    "clamped_requests": losses.clamped_requests,
+                }
+                for engine, losses in self.losses.items()
+            },
+            "loss_definitions": {name: LOSS_DEFINITIONS[name] for name in CATEGORIES},
+            "dynamic_content": [asdict(site) for site in self.dynamic_content],
+            "capacity_curve": {
+                engine: curve.to_dict(prompt_tokens)
+                for engine, curve in self.capacity_curves.items()
+            },
+            "capacity_curve_model": (
+                "LRU stack distances over blocks (vLLM) or pages (SGLang), one pass; checked "
+                f"against full LRU replays (max_abs_error, in hit rate); the configured "
+                f"SGLang policy is {self.eviction_policy}"
+            ),
+            "block_size_sweep": {
+                engine: [
+                    {
+                        "size": p.size,
+                        "hit_tokens": p.hit_tokens,
+                        "hit_rate": _share(p.hit_tokens, prompt_tokens),
+                    }
+                    for p in points
+                ]
+                for engine, points in self.size_sweep.items()
+            },
+            "upper_bounds": bounds,
+            "what_if": [item.to_dict() for item in self.what_if],
+        }
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0

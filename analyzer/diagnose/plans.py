@@ -1,0 +1,249 @@
+"""Named fixes (the recommendations' and ``--what-if``'s): each gives the workload and engine flags
+to replay. A plan's gain is always measured by replaying what it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from analyzer.diagnose.dynamic import Site, Spans
+from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
+from analyzer.diagnose.measure import ENGINES
+from analyzer.errors import PrefixcheckError
+from analyzer.replay import ReplaySettings
+from cache_models.config import SGLANG_EVICTION_POLICIES
+from cache_models.workload import Workload
+
+# The static run after a value is what this share of the site's prompts still share.
+STATIC_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class PadTarget:
+    """A shared prefix and the requests whose prompts extend it (replay order)."""
+
+    tokens: np.ndarray
+    requests: np.ndarray
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Moves:
+    """Per span: the value is moved to the end of the static run that follows it."""
+
+    spans: Spans
+    end: np.ndarray  # int64: where the static run after the value ends, per span
+    static_tokens: np.ndarray  # int64 per site: the static run most of its prompts share
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the plans are built from (replay order)."""
+
+    workload: Workload
+    settings: ReplaySettings
+    salt_free_namespace: np.ndarray
+    pad_targets: list[PadTarget]
+    sites: list[Site]
+    moves: Moves
+    servers: np.ndarray | None  # the model each request goes to, when the log has several
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    kind: str
+    workload: Workload
+    settings: ReplaySettings
+    engines: tuple[str, ...] = ENGINES
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def pad_plan(context: Context, targets: list[PadTarget]) -> Plan:
+    """Pad each target to a multiple of the block size, where it ends (nested targets: the
+    longer one is padded after the shorter one's padding)."""
+    block = context.settings.block_size
+    ordered = sorted(targets, key=lambda t: t.length)
+    pads: list[int] = []
+    for i, target in enumerate(ordered):
+        shift = sum(
+            pads[j]
+            for j, inner in enumerate(ordered[:i])
+            if np.array_equal(target.tokens[: inner.length], inner.tokens)
+        )
+        pads.append(-(target.length + shift) % block)
+    rows = [(t.requests, t.length, pad) for t, pad in zip(ordered, pads, strict=True) if pad]
+    edits = Edits.of(
+        np.concatenate([r for r, _, _ in rows] or [np.zeros(0, np.int64)]),
+        np.concatenate([np.full(len(r), n) for r, n, _ in rows] or [np.zeros(0, np.int64)]),
+        0,
+        np.concatenate([np.full(len(r), p) for r, _, p in rows] or [np.zeros(0, np.int64)]),
+        PAD_TOKEN,
+    )
+    details = {
+        "prefixes": [
+            {
+                "prefix_tokens": t.length,
+                "padding_tokens": pad,
+                "insert_at_token": t.length,
+                "requests": len(t.requests),
+            }
+            for t, pad in zip(ordered, pads, strict=True)
+        ]
+    }
+    workload = apply_edits(context.workload, edits)
+    return Plan("pad-prefixes", "pad_prefix", workload, context.settings, details=details)
+
+
+def move_plan(context: Context, sites: list[int]) -> Plan:
+    """Move the values of ``sites`` after the static run that follows them."""
+    moves = context.moves
+    rows = np.flatnonzero(np.isin(moves.spans.site, sites))
+    split = moves.spans.start[rows] + moves.spans.length[rows]
+    keep = moves.end[rows] > split
+    rows, split = rows[keep], split[keep]
+    workload = rotate(
+        context.workload, moves.spans.request[rows], moves.spans.start[rows], split, moves.end[rows]
+    )
+    details = {
+        "sites": [
+            {
+                "position": context.sites[s].start,
+                "kind": context.sites[s].kind,
+                "move_after_tokens": int(moves.static_tokens[s]),
+                "requests": int(np.count_nonzero(moves.spans.site[rows] == s)),
+            }
+            for s in sites
+        ]
+    }
+    return Plan("move-dynamic", "move_dynamic_content", workload, context.settings, details=details)
+
+
+def salt_plan(context: Context) -> Plan:
+    """Every tenant in one cache namespace (LoRA adapters stay apart)."""
+    workload = with_namespace(context.workload, context.salt_free_namespace)
+    return Plan("no-salt", "salt", workload, context.settings)
+
+
+def settings_plan(context: Context, name: str, value: str) -> Plan:
+    """A different engine flag: block-size, page-size, capacity or eviction-policy."""
+    settings = context.settings
+    try:
+        if name == "block-size":
+            changed = replace(settings, block_size=_positive(value))
+            return Plan(f"{name}={value}", "block_size", context.workload, changed, ("vllm",))
+        if name == "page-size":
+            changed = replace(settings, page_size=_positive(value))
+            return Plan(f"{name}={value}", "block_size", context.workload, changed, ("sglang",))
+        if name == "capacity":
+            unbounded = value.lower() in ("none", "unbounded", "inf")
+            capacity = None if unbounded else _positive(value)
+            changed = replace(settings, capacity_tokens=capacity)
+            return Plan(f"{name}={value}", "capacity", context.workload, changed)
+        if name == "eviction-policy" and value in SGLANG_EVICTION_POLICIES:
+            changed = replace(settings, eviction_policy=value)
+            return Plan(f"{name}={value}", "eviction", context.workload, changed, ("sglang",))
+    except ValueError:
+        pass
+    raise PrefixcheckError(f"--what-if {name}={value}: not a valid value")
+
+
+WHAT_IFS = (
+    "pad-prefixes",
+    "move-dynamic",
+    "no-salt",
+    "block-size=N",
+    "page-size=N",
+    "capacity=N",
+    "eviction-policy=P",
+)
+
+
+def what_if_plan(context: Context, spec: str) -> Plan:
+    """The plan for one ``--what-if``; fixes joined with ``+`` apply together (at most one of
+    pad-prefixes and move-dynamic, which both move tokens, applied last)."""
+    parts = [part.strip() for part in spec.split("+")]
+    moving = [part for part in parts if part in ("pad-prefixes", "move-dynamic")]
+    if len(moving) > 1:
+        raise PrefixcheckError(f"--what-if {spec}: pad-prefixes and move-dynamic do not combine")
+    engines: set[str] = set()
+    plan: Plan | None = None
+    for part in [p for p in parts if p not in moving] + moving:
+        plan = _named_plan(context, part)
+        context = replace(context, workload=plan.workload, settings=plan.settings)
+        engines.update(plan.engines)
+    assert plan is not None
+    return replace(plan, name=spec, engines=tuple(e for e in ENGINES if e in engines))
+
+
+def static_runs(workload: Workload, spans: Spans, n_sites: int) -> Moves:
+    """For each span, where the static run after its value ends, and each site's static run.
+
+    The reference is the continuation of the site's first prompt; a site's static run is the
+    longest run at least ``STATIC_SHARE`` of its prompts share with it. A value is moved over the
+    part of the static run its own prompt shares, and never past the next value in the prompt.
+    """
+    after = spans.start + spans.length
+    common = _common_runs(workload.prompt_tokens, workload.prompt_offsets, spans, after)
+    static = np.zeros(n_sites, np.int64)
+    for site in range(n_sites):
+        runs = np.sort(common[spans.site == site])[::-1]
+        if len(runs):
+            static[site] = runs[int(np.ceil(STATIC_SHARE * len(runs))) - 1]
+    end = after + np.minimum(common, static[spans.site])
+    same_request = np.r_[spans.request[1:] == spans.request[:-1], False]
+    next_start = np.where(same_request, np.r_[spans.start[1:], 0], np.iinfo(np.int64).max)
+    return Moves(spans, np.minimum(end, next_start), static)
+
+
+def _named_plan(context: Context, part: str) -> Plan:
+    name, _, value = part.partition("=")
+    if name == "pad-prefixes" and not value:
+        return pad_plan(context, context.pad_targets)
+    if name == "move-dynamic" and not value:
+        return move_plan(context, list(range(len(context.sites))))
+    if name == "no-salt" and not value:
+        return salt_plan(context)
+    if value and name in ("block-size", "page-size", "capacity", "eviction-policy"):
+        return settings_plan(context, name, value)
+    raise PrefixcheckError(f"unknown --what-if {part!r} (one of: {', '.join(WHAT_IFS)})")
+
+
+def _positive(value: str) -> int:
+    number = float(value)
+    if number < 1 or number != int(number):
+        raise ValueError(value)
+    return int(number)
+
+
+@njit(cache=True)
+def _common_runs_kernel(tokens, offsets, requests, sites, after, first_row):
+    out = np.zeros(len(requests), np.int64)
+    for i in range(len(requests)):
+        ref = first_row[sites[i]]
+        a = offsets[requests[i]] + after[i]
+        b = offsets[requests[ref]] + after[ref]
+        limit = min(offsets[requests[i] + 1] - a, offsets[requests[ref] + 1] - b)
+        n = 0
+        while n < limit and tokens[a + n] == tokens[b + n]:
+            n += 1
+        out[i] = n
+    return out
+
+
+def _common_runs(
+    tokens: np.ndarray, offsets: np.ndarray, spans: Spans, after: np.ndarray
+) -> np.ndarray:
+    """How many tokens after each value agree with the site's first prompt's continuation."""
+    if not len(spans.site):
+        return np.zeros(0, np.int64)
+    first_row = np.zeros(int(spans.site.max()) + 1, np.int64)
+    for site in np.unique(spans.site):
+        first_row[site] = np.flatnonzero(spans.site == site)[0]
+    return _common_runs_kernel(tokens, offsets, spans.request, spans.site, after, first_row)

@@ -1,0 +1,171 @@
+"""The terminal view of a diagnosis: losses by cause, dynamic content, bar charts of hit rate
+against capacity and block size, and what-if replays."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from analyzer.diagnose.capacity import CapacityCurve
+from analyzer.diagnose.losses import CATEGORIES
+from analyzer.diagnose.model import Diagnosis
+
+CURVE_ROWS = 10
+EIGHTHS = " ▏▎▍▌▋▊▉"
+LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
+STYLES = {"vllm": "cyan", "sglang": "magenta"}
+
+
+def render_diagnosis(diagnosis: Diagnosis, prompt_tokens: int, console: Console) -> None:
+    console.print(_losses(diagnosis, prompt_tokens))
+    if diagnosis.dynamic_content:
+        console.print(_dynamic(diagnosis))
+    width = max(8, (console.width - 22) // 2 - 9)  # two engines, a label and a rate each
+    if any(curve.points for curve in diagnosis.capacity_curves.values()):
+        console.print(_capacity_chart(diagnosis, prompt_tokens, width))
+    console.print(_size_chart(diagnosis, prompt_tokens, width))
+    if diagnosis.what_if:
+        console.print(_what_if(diagnosis))
+
+
+def bar(share: float, width: int, style: str) -> Text:
+    """A horizontal bar of ``width`` cells for a share in [0, 1], in eighths of a cell, followed
+    by the share."""
+    eighths = round(max(0.0, min(1.0, share)) * width * 8)
+    full, rest = divmod(eighths, 8)
+    text = Text("█" * full + (EIGHTHS[rest] if rest else ""), style=style)
+    text.append(" " * (width - full - (1 if rest else 0)) + f" {share:6.1%}")
+    return text
+
+
+def _losses(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
+    table = Table(title="Recomputed prompt tokens by cause", box=box.SIMPLE, title_justify="left")
+    table.add_column("cause")
+    for engine in diagnosis.losses:
+        table.add_column(f"{LABELS[engine]} tokens", justify="right")
+        table.add_column("share", justify="right")
+    for name in CATEGORIES:
+        cells = []
+        for losses in diagnosis.losses.values():
+            tokens = losses.tokens[name]
+            cells += [f"{tokens:,}", f"{tokens / prompt_tokens:.1%}" if prompt_tokens else "-"]
+        table.add_row(name.replace("_", " "), *cells)
+    totals = []
+    for losses in diagnosis.losses.values():
+        total = sum(losses.tokens.values())
+        totals += [f"{total:,}", f"{total / prompt_tokens:.1%}" if prompt_tokens else "-"]
+    table.add_row(Text("recomputed (prompt − hit)", style="bold"), *totals, style="bold")
+    table.caption = "Causes add up to each engine's recomputed tokens (see loss_definitions)."
+    table.caption_justify = "left"
+    return table
+
+
+def _dynamic(diagnosis: Diagnosis) -> Table:
+    table = Table(title="Dynamic content before shared text", box=box.SIMPLE, title_justify="left")
+    for header in ("token", "kind", "requests", "value", "static after", "lost"):
+        table.add_column(header, justify="right" if header != "kind" else "left", no_wrap=True)
+    table.add_column("examples")  # shrinks first; each cell stays one truncated line
+    for site in diagnosis.dynamic_content:
+        joined = "(redacted)" if site.examples is None else " | ".join(site.examples)
+        examples = Text(joined, no_wrap=True, overflow="ellipsis")
+        table.add_row(
+            str(site.position),
+            site.kind,
+            f"{site.requests:,}",
+            f"{site.value_tokens}",
+            f"{site.static_tokens_after:,}",
+            f"{site.lost_tokens:,}",
+            examples,
+        )
+    return table
+
+
+def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
+    curves = diagnosis.capacity_curves
+    table = Table(
+        title="Hit rate against KV capacity (LRU, one pass)", box=box.SIMPLE, title_justify="left"
+    )
+    table.add_column("capacity", justify="right")
+    for engine in curves:
+        table.add_column(LABELS[engine])
+    for capacity in _chart_capacities(curves):
+        cells = []
+        for engine, curve in curves.items():
+            rate = _hits_at(curve, capacity) / prompt_tokens if prompt_tokens else 0.0
+            cells.append(bar(rate, width, STYLES[engine]))
+        table.add_row(f"{capacity:,}", *cells)
+    checks = []
+    for engine, curve in curves.items():
+        error = curve.max_abs_error(prompt_tokens)
+        checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
+        for point in curve.checks:
+            if point.belady_hit_tokens is not None and prompt_tokens:
+                checks.append(
+                    f"{LABELS[engine]} at {point.capacity_tokens:,}: LRU "
+                    f"{point.replay_hit_tokens / prompt_tokens:.1%}, Belady bound "
+                    f"{point.belady_hit_tokens / prompt_tokens:.1%}"
+                )
+    table.caption = "; ".join(checks)
+    table.caption_justify = "left"
+    return table
+
+
+def _chart_capacities(curves: dict[str, CapacityCurve]) -> list[int]:
+    largest = max(curve.working_set_tokens for curve in curves.values())
+    smallest = min(
+        (p.capacity_tokens for c in curves.values() for p in c.points if p.model_hit_tokens),
+        default=1,
+    )
+    grid = np.geomspace(max(1, smallest), max(2, largest), CURVE_ROWS)
+    return sorted({int(round(value, -int(np.floor(np.log10(value))) + 1)) for value in grid})
+
+
+def _hits_at(curve: CapacityCurve, capacity: int) -> int:
+    """The curve's hits at a capacity: the last point at or below it."""
+    below = [p.model_hit_tokens for p in curve.points if p.capacity_tokens <= capacity]
+    return below[-1] if below else 0
+
+
+def _size_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
+    table = Table(
+        title="Hit rate against block size (vLLM) and page size (SGLang)",
+        box=box.SIMPLE,
+        title_justify="left",
+    )
+    table.add_column("size", justify="right")
+    sweep = diagnosis.size_sweep
+    for engine in sweep:
+        table.add_column(LABELS[engine])
+    sizes = sorted({p.size for points in sweep.values() for p in points})
+    for size in sizes:
+        cells = []
+        for engine, points in sweep.items():
+            hit = next((p.hit_tokens for p in points if p.size == size), None)
+            if hit is None or not prompt_tokens:
+                cells.append(Text("-"))
+                continue
+            cells.append(bar(hit / prompt_tokens, width, STYLES[engine]))
+        table.add_row(str(size), *cells)
+    return table
+
+
+def _what_if(diagnosis: Diagnosis) -> Table:
+    table = Table(title="What if (replayed)", box=box.SIMPLE, title_justify="left")
+    table.add_column("fix")
+    table.add_column("engine")
+    table.add_column("hit rate before → after", justify="right")
+    table.add_column("recomputed tokens saved", justify="right")
+    for item in diagnosis.what_if:
+        for engine, gain in item.measured.items():
+            before = gain.hit_tokens_before / gain.prompt_tokens_before
+            after = gain.hit_tokens_after / gain.prompt_tokens_after
+            table.add_row(
+                item.name,
+                LABELS[engine],
+                f"{before:.1%} → {after:.1%}",
+                f"{gain.recomputed_tokens_saved:+,}",
+            )
+    return table
