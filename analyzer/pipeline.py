@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.diagnose import diagnose_log
+from analyzer.diagnose.parts import PartsSource
 from analyzer.ingest import IngestOptions, ingest
 from analyzer.loaders.mapped import FieldMap
 from analyzer.measure.estimate import prefill_estimate
@@ -110,6 +111,7 @@ def analyze(
         decoder,
         options.redact,
         options.what_if,
+        PartsSource(loaded.records, tokenizer, renderer, options.cache_dir) if tokenizer else None,
         progress,
     )
     prefixes = [  # templates, not the shared heads of varying values

@@ -148,8 +148,9 @@ def analyze_command(
         list[str] | None,
         typer.Option(
             "--what-if",
-            help="Replay a fix: pad-prefixes, move-dynamic, no-salt, block-size=N, page-size=N, "
-            "capacity=N, eviction-policy=P; join with + to combine; repeatable.",
+            help="Replay a fix: pad-prefixes, move-dynamic, reorder-parts, no-salt, "
+            "block-size=N, page-size=N, capacity=N, eviction-policy=P; join with + to "
+            "combine; repeatable.",
         ),
     ] = None,
     html_path: Annotated[

@@ -14,6 +14,7 @@ from analyzer.diagnose.fixes import apply_edits, original_hits, with_namespace
 from analyzer.diagnose.losses import CATEGORIES, Ceilings, attribute
 from analyzer.diagnose.measure import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
+from analyzer.diagnose.parts import PartsSource, Reordered
 from analyzer.diagnose.plans import Context, PadTarget, static_runs, what_if_plan
 from analyzer.diagnose.recommend import Evidence, recommend
 from analyzer.diagnose.sweep import size_sweep
@@ -43,6 +44,7 @@ class DiagnoseInput:
     decoder: Tokenizer | None
     redact: bool
     what_if: tuple[str, ...] = ()
+    reordered: Reordered | None = None  # the log with its message parts in one order
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,13 @@ def diagnose_log(
     decoder: Tokenizer | None,
     redact: bool,
     what_if: tuple[str, ...] = (),
+    parts: PartsSource | None = None,
     progress: Progress | None = None,
 ) -> DiagnoseResult:
     """``diagnose`` for the pipeline: the workload, replays and request table in input order,
-    replayed in ``order`` (None: as they are); per-request losses come back in input order."""
+    replayed in ``order`` (None: as they are); per-request losses come back in input order.
+    ``parts`` gives the requests as read, to reorder their message parts."""
+    reordered = None if parts is None else parts.reordered(workload.n_requests)
     models = requests["model"].fill_null("").to_numpy().astype(str)
     salt_free = requests.select(
         pl.struct(pl.col("model").fill_null(""), pl.col("lora").fill_null("")).rank("dense")
@@ -82,6 +87,8 @@ def diagnose_log(
         )
         models = models[order]
         salt_free = salt_free[order]
+        if reordered is not None:
+            reordered = replace(reordered, workload=reordered.workload.select(order))
     inputs = DiagnoseInput(
         workload=workload,
         replays=replays,
@@ -91,6 +98,7 @@ def diagnose_log(
         decoder=decoder,
         redact=redact,
         what_if=what_if,
+        reordered=reordered,
     )
     result = diagnose(inputs, progress)
     if order is None:
@@ -141,6 +149,7 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         sites=sites,
         moves=moves,
         servers=inputs.servers,
+        reordered=inputs.reordered,
     )
     curves, belady = capacity_curves(replays.trie, workload, settings, inputs.servers)
     sweep = size_sweep(workload, settings, hits, inputs.servers)

@@ -19,6 +19,9 @@ from cache_models.workload import Workload
 CURVE_POINTS = 40
 # Capacities for "what it takes": these shares of the engine's unbounded hits.
 NEEDED_SHARES = (0.5, 0.8, 0.9, 0.95, 0.99)
+# Above this many blocks in a stream, the curve is computed on blocks twice as large, and so on
+# (memory: about 16 bytes a block); the replay checks then measure the coarser model's error.
+MAX_STREAM_BLOCKS = 50_000_000
 # The curve is checked by full replays where it reaches these shares (or, when that is less, at
 # the largest request's size).
 CHECK_SHARES = (0.5, 0.8, 0.95)
@@ -37,7 +40,7 @@ class CurvePoint:
 @dataclass(frozen=True)
 class CapacityCurve:
     engine: str
-    granularity: int  # block or page size, in tokens
+    granularity: int  # block or page size of the model, in tokens (coarser on huge logs)
     points: list[CurvePoint]  # the curve (LRU model)
     checks: list[CurvePoint]  # replayed with LRU eviction, with the Belady bound
     unbounded_hit_tokens: int
@@ -167,24 +170,29 @@ def capacity_curves(
 def _models(
     trie: TrieNodes, workload: Workload, settings: ReplaySettings, servers: np.ndarray | None
 ) -> dict[str, _Model]:
-    parts = server_parts(servers, workload.n_requests)
+    lengths = workload.prompt_lengths.astype(np.int64)
+    outputs = workload.output_lengths.astype(np.int64)
+    cached = {
+        "vllm": lengths + outputs - 1,  # all but the last output's KV
+        "sglang": lengths + np.where(workload.stop_finish, outputs, outputs - 1),
+    }
     sizes = {"vllm": settings.block_size, "sglang": settings.page_size}
+    for engine, size in sizes.items():
+        while int(cached[engine].sum()) // size > MAX_STREAM_BLOCKS:
+            sizes[engine] = size = 2 * size
+    parts = server_parts(servers, workload.n_requests)
     streams: dict[str, list[BlockStream]] = {"vllm": [], "sglang": []}
     thresholds: dict[str, list[np.ndarray]] = {"vllm": [], "sglang": []}
     for indices in parts:
         part = workload if len(parts) == 1 else workload.select(indices)
-        lengths = part.prompt_lengths.astype(np.int64)
-        outputs = part.output_lengths.astype(np.int64)
-        vllm_cached = lengths + outputs - 1
-        vllm = block_stream(trie, part, sizes["vllm"], vllm_cached)
-        partial = (vllm_cached % sizes["vllm"] != 0).astype(np.int64)
-        held_back = np.r_[0, partial[:-1]]  # vLLM's free queue keeps it at the head
-        sglang_cached = lengths + np.where(part.stop_finish, outputs, outputs - 1)
-        sglang = block_stream(trie, part, sizes["sglang"], sglang_cached)
-        streams["vllm"].append(vllm)
-        streams["sglang"].append(sglang)
-        thresholds["vllm"].append(hit_thresholds(vllm, held_back))
-        thresholds["sglang"].append(hit_thresholds(sglang))
+        for engine, size in sizes.items():
+            stream = block_stream(trie, part, size, cached[engine][indices])
+            held_back = None
+            if engine == "vllm":  # vLLM's free queue keeps the last partial block at its head
+                partial = (cached[engine][indices] % size != 0).astype(np.int64)
+                held_back = np.r_[0, partial[:-1]]
+            streams[engine].append(stream)
+            thresholds[engine].append(hit_thresholds(stream, held_back))
     return {
         engine: _Model(streams[engine], np.sort(np.concatenate(thresholds[engine])), size)
         for engine, size in sizes.items()

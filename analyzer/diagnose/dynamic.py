@@ -187,12 +187,12 @@ def _anchor(
     child = np.repeat(np.arange(n_children), n_offsets)
     offset = np.tile(np.arange(1, n_offsets + 1), n_children)
     flat, child, offset = grams.ravel()[valid.ravel()], child[valid.ravel()], offset[valid.ravel()]
+    if not len(flat):
+        return None
     order = np.lexsort((offset, child, flat))
     flat, child, offset = flat[order], child[order], offset[order]
     first = np.r_[True, (np.diff(flat) != 0) | (np.diff(child) != 0)]  # earliest per child
     flat, child, offset = flat[first], child[first], offset[first]
-    if not len(flat):
-        return None
     starts = np.flatnonzero(np.r_[True, np.diff(flat) != 0])
     weight = np.add.reduceat(weights[child], starts)
     mean_offset = np.add.reduceat(offset * weights[child], starts) / weight

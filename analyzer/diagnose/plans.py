@@ -12,6 +12,7 @@ from numba import njit
 from analyzer.diagnose.dynamic import Site, Spans
 from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
 from analyzer.diagnose.measure import ENGINES
+from analyzer.diagnose.parts import Reordered
 from analyzer.errors import PrefixcheckError
 from analyzer.replay import ReplaySettings
 from cache_models.config import SGLANG_EVICTION_POLICIES
@@ -53,6 +54,7 @@ class Context:
     sites: list[Site]
     moves: Moves
     servers: np.ndarray | None  # the model each request goes to, when the log has several
+    reordered: Reordered | None = None  # the log with its message parts in one order
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,20 @@ def move_plan(context: Context, sites: list[int]) -> Plan:
     return Plan("move-dynamic", "move_dynamic_content", workload, context.settings, details=details)
 
 
+def reorder_plan(context: Context) -> Plan:
+    """Tool definitions in one order and the system prompt first (re-rendered, re-tokenized)."""
+    reordered = context.reordered
+    if reordered is None:
+        raise PrefixcheckError("--what-if reorder-parts: no message parts to reorder in this log")
+    details = {
+        "tools_reordered": reordered.tools_reordered,
+        "system_moved": reordered.system_moved,
+    }
+    return Plan(
+        "reorder-parts", "reorder_parts", reordered.workload, context.settings, details=details
+    )
+
+
 def salt_plan(context: Context) -> Plan:
     """Every tenant in one cache namespace (LoRA adapters stay apart)."""
     workload = with_namespace(context.workload, context.salt_free_namespace)
@@ -157,6 +173,7 @@ def settings_plan(context: Context, name: str, value: str) -> Plan:
 WHAT_IFS = (
     "pad-prefixes",
     "move-dynamic",
+    "reorder-parts",
     "no-salt",
     "block-size=N",
     "page-size=N",
@@ -165,13 +182,17 @@ WHAT_IFS = (
 )
 
 
+# Fixes that move tokens: each finds its targets by position in the log as read.
+MOVING = ("pad-prefixes", "move-dynamic", "reorder-parts")
+
+
 def what_if_plan(context: Context, spec: str) -> Plan:
     """The plan for one ``--what-if``; fixes joined with ``+`` apply together (at most one of
-    pad-prefixes and move-dynamic, which both move tokens, applied last)."""
+    those that move tokens, applied last)."""
     parts = [part.strip() for part in spec.split("+")]
-    moving = [part for part in parts if part in ("pad-prefixes", "move-dynamic")]
+    moving = [part for part in parts if part in MOVING]
     if len(moving) > 1:
-        raise PrefixcheckError(f"--what-if {spec}: pad-prefixes and move-dynamic do not combine")
+        raise PrefixcheckError(f"--what-if {spec}: {' and '.join(moving)} do not combine")
     engines: set[str] = set()
     plan: Plan | None = None
     for part in [p for p in parts if p not in moving] + moving:
@@ -210,6 +231,8 @@ def _named_plan(context: Context, part: str) -> Plan:
         return move_plan(context, list(range(len(context.sites))))
     if name == "no-salt" and not value:
         return salt_plan(context)
+    if name == "reorder-parts" and not value:
+        return reorder_plan(context)
     if value and name in ("block-size", "page-size", "capacity", "eviction-policy"):
         return settings_plan(context, name, value)
     raise PrefixcheckError(f"unknown --what-if {part!r} (one of: {', '.join(WHAT_IFS)})")

@@ -12,7 +12,15 @@ import numpy as np
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.measure import Gain, Scenario, gains, replay_many
 from analyzer.diagnose.model import DynamicSite
-from analyzer.diagnose.plans import Context, PadTarget, Plan, move_plan, pad_plan, salt_plan
+from analyzer.diagnose.plans import (
+    Context,
+    PadTarget,
+    Plan,
+    move_plan,
+    pad_plan,
+    reorder_plan,
+    salt_plan,
+)
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.report import Recommendation
 
@@ -85,6 +93,14 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[tuple[Plan, D
             "part that follows it"
         )
         plans.append((move_plan(context, [site]), _describer(text)))
+    if context.reordered is not None:
+        moved = context.reordered
+        text = (
+            f"List tool definitions in one order ({moved.tools_reordered:,} requests differ from "
+            f"their set's usual order) and put the system prompt first ({moved.system_moved:,} "
+            "requests)"
+        )
+        plans.append((reorder_plan(context), _describer(text)))
     if evidence.salt_loss > 0:
         text = (
             "Share one cache_salt between tenants whose shared prefixes hold nothing private "

@@ -1,0 +1,125 @@
+"""The diagnosis through the command line: JSON keys, per-request loss columns, --what-if (each one
+a replay of the changed log or flags), the HTML report, and the terminal charts."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from analyzer.diagnose.losses import CATEGORIES
+from cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "chat_logs.jsonl"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    folder = tmp_path_factory.mktemp("example")
+    paths = {name: folder / name for name in ("report.json", "requests.parquet", "report.html")}
+    result = runner.invoke(
+        app,
+        [
+            "analyze",
+            str(EXAMPLE),
+            "--capacity-tokens",
+            "8000",
+            "--what-if",
+            "block-size=32",
+            "--what-if",
+            "capacity=1e6",
+            "--what-if",
+            "no-salt+page-size=16",
+            "--json",
+            str(paths["report.json"]),
+            "--per-request",
+            str(paths["requests.parquet"]),
+            "--html",
+            str(paths["report.html"]),
+        ],
+        env={"COLUMNS": "120"},
+    )
+    assert result.exit_code == 0, result.output
+    return {
+        "output": result.output,
+        "report": json.loads(paths["report.json"].read_text()),
+        "table": pl.read_parquet(paths["requests.parquet"]),
+        "html": paths["report.html"].read_text(),
+        "folder": folder,
+    }
+
+
+def test_json_keys_and_per_request_losses(example: dict) -> None:
+    report, table = example["report"], example["table"]
+    for key in ("losses", "loss_definitions", "dynamic_content", "capacity_curve"):
+        assert report[key]
+    assert set(report["upper_bounds"]) >= {"ceiling", "belady"}
+    assert {p["size"] for p in report["block_size_sweep"]["vllm"]} == {1, 4, 8, 16, 32, 64, 128}
+    for engine in ("vllm", "sglang"):
+        assert list(report["losses"][engine]) == list(CATEGORIES)
+        columns = sum(table[f"{engine}_lost_{name}"] for name in CATEGORIES)
+        assert (columns == table["prompt_tokens"] - table[f"{engine}_hit"]).all()
+        for name in CATEGORIES:
+            assert table[f"{engine}_lost_{name}"].sum() == report["losses"][engine][name]["tokens"]
+    kinds = {"pad_prefix", "move_dynamic_content", "reorder_parts", "block_size"}
+    kinds |= {"capacity", "salt", "engine"}
+    for item in report["recommendations"]:
+        assert item["kind"] in kinds and item["summary"]
+        assert max(g["recomputed_tokens_saved"] for g in item["measured"].values()) > 0
+
+
+def test_what_if_is_a_replay(example: dict, tmp_path: Path) -> None:
+    report = example["report"]
+    by_name = {item["name"]: item for item in report["what_if"]}
+    assert list(by_name) == ["block-size=32", "capacity=1e6", "no-salt+page-size=16"]
+    assert list(by_name["block-size=32"]["measured"]) == ["vllm"]
+    for name, flags in (
+        ("block-size=32", ["--block-size", "32", "--capacity-tokens", "8000"]),
+        ("capacity=1e6", ["--capacity-tokens", "1000000"]),
+    ):
+        out = tmp_path / f"{name}.json"
+        result = runner.invoke(
+            app, ["analyze", str(EXAMPLE), *flags, "--json", str(out), "--quiet"]
+        )
+        assert result.exit_code == 0, result.output
+        replayed = json.loads(out.read_text())
+        for engine, gain in by_name[name]["measured"].items():
+            assert gain["hit_tokens_before"] == report["engines"][engine]["hit_tokens"]
+            assert gain["hit_tokens_after"] == replayed["engines"][engine]["hit_tokens"]
+    assert "What if (replayed)" in example["output"]
+
+
+def test_bad_what_if_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["analyze", str(EXAMPLE), "--what-if", "pad", "--quiet"])
+    assert result.exit_code == 2
+    assert "unknown --what-if 'pad'" in result.output
+
+
+def test_html_report_is_self_contained(example: dict) -> None:
+    html = example["html"]
+    assert html.startswith("<!DOCTYPE html>")
+    for svg in re.findall(r"<svg.*?</svg>", html, re.S):
+        ET.fromstring(svg)  # well-formed
+    assert html.count("<svg") == 3
+    assert re.findall(r"(?:src|href)\s*=|url\(|<link|<script|<img", html) == []
+    assert "Recomputed prompt tokens by cause" in html
+    assert "Hit rate against KV capacity" in html
+
+
+def test_terminal_shows_losses_and_charts(example: dict) -> None:
+    output = example["output"]
+    for title in (
+        "Recomputed prompt tokens by cause",
+        "Dynamic content before shared text",
+        "Hit rate against KV capacity",
+        "Hit rate against block size",
+    ):
+        assert title in output
+    assert "█" in output

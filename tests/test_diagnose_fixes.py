@@ -1,0 +1,94 @@
+"""Workload transforms: edits, the hit mapping back to original prompts, rotation, and plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analyzer.diagnose.fixes import (
+    DYNAMIC_TOKEN,
+    PAD_TOKEN,
+    Edits,
+    apply_edits,
+    original_hits,
+    rotate,
+)
+from analyzer.diagnose.plans import PadTarget, pad_plan, settings_plan, what_if_plan
+from analyzer.errors import PrefixcheckError
+from analyzer.replay import ReplaySettings
+from cache_models.workload import Workload
+from tests.test_diagnose_losses import context_for
+
+
+def prompts(workload: Workload) -> list[list[int]]:
+    return [workload.prompt(i).tolist() for i in range(workload.n_requests)]
+
+
+def test_edits_insert_and_replace() -> None:
+    workload = Workload.from_lists([[1, 2, 3, 4, 5], [6, 7, 8], [9, 10]], [[0], [0], [0]])
+    edits = Edits.of(
+        np.array([1, 0, 0]), np.array([1, 3, 1]), np.array([2, 0, 1]), np.array([1, 2, 1]), 99
+    )
+    edited = apply_edits(workload, edits)
+    assert prompts(edited) == [[1, 99, 3, 99, 99, 4, 5], [6, 99], [9, 10]]
+    assert edited.output_tokens.tolist() == workload.output_tokens.tolist()
+    assert edited.prompt_offsets.tolist() == [0, 7, 9, 11]
+
+
+def test_hits_map_back_to_original_positions() -> None:
+    lengths = np.array([30, 30, 30, 30, 30])
+    # request r: its value [10, 15) replaced by one token; request 4 has no edit
+    edits = Edits.of(np.arange(4), np.full(4, 10), 5, 1, DYNAMIC_TOKEN)
+    hits = np.array([10, 11, 20, 7, 12])  # in edited coordinates
+    # 10: stops before the value; 11: the value token matched, so all 5 of it; 20 -> 24
+    assert original_hits(hits, edits, lengths).tolist() == [10, 15, 24, 7, 12]
+    pad = Edits.of(np.array([0, 1]), np.array([37, 37]), 0, 11, PAD_TOKEN)
+    # inside the padding: the hit stops at the prefix; past it: minus the padding; no edit and
+    # a hit past the last prompt token: capped at L - 1
+    mapped = original_hits(np.array([40, 50, 60]), pad, np.array([50, 50, 50]))
+    assert mapped.tolist() == [37, 39, 49]
+
+
+def test_rotate_moves_a_value_after_the_static_part() -> None:
+    workload = Workload.from_lists([[1, 2, 70, 71, 5, 6, 7, 8], [1, 2, 3]], [[0], [0]])
+    moved = rotate(workload, np.array([0]), np.array([2]), np.array([4]), np.array([7]))
+    assert prompts(moved) == [[1, 2, 5, 6, 7, 70, 71, 8], [1, 2, 3]]
+    assert workload.prompt(0).tolist() == [1, 2, 70, 71, 5, 6, 7, 8]  # a copy
+
+
+def test_nested_pads_keep_both_prefixes_aligned() -> None:
+    system = list(range(1, 38))  # 37 tokens
+    few_shot = system + list(range(100, 120))  # 57 tokens
+    workload = Workload.from_lists(
+        [system + [500], few_shot + [501], system + [502]], [[0], [0], [0]]
+    )
+    targets = [
+        PadTarget(np.array(few_shot, np.int32), np.array([1])),
+        PadTarget(np.array(system, np.int32), np.array([0, 1, 2])),
+    ]
+    plan = pad_plan(context_for(workload, targets), targets)
+    padded = prompts(plan.workload)
+    assert padded[0] == system + [PAD_TOKEN] * 11 + [500]
+    # 57 + 11 = 68 -> 12 more to 80
+    assert padded[1] == system + [PAD_TOKEN] * 11 + list(range(100, 120)) + [PAD_TOKEN] * 12 + [501]
+    assert [p["padding_tokens"] for p in plan.details["prefixes"]] == [11, 12]
+
+
+def test_what_if_names_and_combinations() -> None:
+    workload = Workload.from_lists([[1, 2, 3]] * 2, [[0], [0]], namespace=[0, 1])
+    context = context_for(workload, [])
+    assert what_if_plan(context, "block-size=32").settings.block_size == 32
+    assert what_if_plan(context, "block-size=32").engines == ("vllm",)
+    assert what_if_plan(context, "capacity=1e6").settings.capacity_tokens == 1_000_000
+    assert what_if_plan(context, "capacity=none").settings.capacity_tokens is None
+    combined = what_if_plan(context, "no-salt+page-size=16")
+    assert combined.settings.page_size == 16 and combined.engines == ("vllm", "sglang")
+    assert combined.workload.namespace.tolist() == [0, 0]
+    for bad in ("pad", "block-size=0", "capacity=x", "block-size=2.5", "eviction-policy=rand"):
+        with pytest.raises(PrefixcheckError):
+            what_if_plan(context, bad)
+    with pytest.raises(PrefixcheckError):
+        what_if_plan(context, "pad-prefixes+move-dynamic")
+    with pytest.raises(PrefixcheckError):
+        settings_plan(context, "block-size", "-3")
+    assert ReplaySettings().block_size == 16  # plans never change the caller's settings
