@@ -10,10 +10,10 @@ three replay modes. The reference's objects map to arrays:
   differ in one token. Other pairs collide with probability about 2^-64: with D distinct blocks
   in a log, the chance of any collision is about D^2 / 2^65 (1e8 blocks: 3e-4), and a collision
   can only add a hit.
-- **Blocks.** ``ref_cnt``, ``key``, ``cached``, and four links per block: the copies of one key
-  form a list in insertion order (DUP_NEXT / DUP_PREV), the free queue's cached run a doubly
-  linked FIFO (Q_NEXT / Q_PREV). The map is open addressing with linear probing from key to
-  (oldest copy, newest copy), deleted by backward shift.
+- **Blocks.** One row each: ref_cnt and four links: the copies of one key form a list in
+  insertion order (DUP_NEXT / DUP_PREV), the free queue's cached run a doubly linked FIFO
+  (Q_NEXT / Q_PREV); and the block's key. The map is open addressing with linear probing, one row
+  per slot (key, oldest copy, newest copy), deleted by backward shift.
 - **Free queue.** vLLM's queue is always three runs, kept as three structures: uncached freed
   blocks at the head (a stack: vLLM prepends them), never-used blocks in id order (ids are handed
   out lazily, so memory follows the blocks in use, not the capacity), and cached freed blocks (the
@@ -36,9 +36,9 @@ M2 = np.uint64(0xC4CEB9FE1A85EC53)
 SEED = np.uint64(0x243F6A8885A308D3)
 SHIFT = np.uint64(33)
 
-# Columns of Pool.links, Pool.tab, Slots.info; rows of the tally; entries of Pool.state.
-DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV = range(4)
-FIRST, LAST = range(2)
+# Columns of Pool.blocks, Pool.tab, Slots.info; rows of the tally; entries of Pool.state.
+REF_CNT, DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV = range(5)
+KEY, FIRST, LAST = range(3)
 REQ, N_BLOCKS, N_CACHED, N_COMPUTED = range(4)
 HIT, EVICTED, INSERTED, DUPLICATE, PREEMPTIONS, REHIT = range(6)
 Q_HEAD, Q_TAIL, Q_LEN, STACK_LEN, NEXT_FRESH, LIMIT = range(6)
@@ -47,13 +47,10 @@ Q_HEAD, Q_TAIL, Q_LEN, STACK_LEN, NEXT_FRESH, LIMIT = range(6)
 class Pool(NamedTuple):
     """The block pool, its key map and free queue (see the module docstring)."""
 
-    ref_cnt: np.ndarray  # int32 per block
+    blocks: np.ndarray  # int32 [block, 5]: REF_CNT, DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV
     key: np.ndarray  # int64 per block, valid while cached
-    cached: np.ndarray  # bool per block
-    links: np.ndarray  # int32 [block, 4]: DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV
     stack: np.ndarray  # int32: uncached freed blocks, the top is the queue's head
-    tab_key: np.ndarray  # int64 per map slot
-    tab: np.ndarray  # int32 [slot, 2]: FIRST, LAST copy; FIRST = NONE: empty slot
+    tab: np.ndarray  # int64 [slot, 3]: KEY, FIRST, LAST copy; FIRST = NONE: an empty slot
     state: np.ndarray  # int64: Q_HEAD, Q_TAIL, Q_LEN, STACK_LEN, NEXT_FRESH, LIMIT
 
 
@@ -134,49 +131,42 @@ def new_pool(limit: int, size: int) -> Pool:
     state[Q_TAIL] = NONE
     state[NEXT_FRESH] = 1
     state[LIMIT] = limit
-    return Pool(
-        np.zeros(size, np.int32),
-        np.zeros(size, np.int64),
-        np.zeros(size, np.bool_),
-        np.full((size, 4), NONE, np.int32),
-        np.zeros(size, np.int32),
-        np.zeros(n_slots, np.int64),
-        np.full((n_slots, 2), NONE, np.int32),
-        state,
-    )
+    blocks = np.full((size, 5), NONE, np.int32)
+    for b in range(size):
+        blocks[b, REF_CNT] = 0
+    tab = np.full((n_slots, 3), NONE, np.int64)
+    return Pool(blocks, np.zeros(size, np.int64), np.zeros(size, np.int32), tab, state)
 
 
 @njit(cache=True)
 def reserve(pool: Pool, n_new: int) -> Pool:
     """The pool with room for ``n_new`` more never-used blocks: arrays and map grow together."""
+    size = len(pool.key)
     needed = min(pool.state[NEXT_FRESH] + n_new, pool.state[LIMIT] + 1)
-    if needed <= len(pool.ref_cnt):
+    if needed <= size:
         return pool
-    grown = new_pool(pool.state[LIMIT], max(needed, 2 * len(pool.ref_cnt)))
-    for b in range(len(pool.ref_cnt)):
-        grown.ref_cnt[b] = pool.ref_cnt[b]
+    grown = new_pool(pool.state[LIMIT], max(needed, 2 * size))
+    for b in range(size):
+        for c in range(5):
+            grown.blocks[b, c] = pool.blocks[b, c]
         grown.key[b] = pool.key[b]
-        grown.cached[b] = pool.cached[b]
         grown.stack[b] = pool.stack[b]
-        for c in range(4):
-            grown.links[b, c] = pool.links[b, c]
     for i in range(len(pool.state)):
         grown.state[i] = pool.state[i]
-    for i in range(len(pool.tab_key)):  # rehash
+    for i in range(len(pool.tab)):  # rehash
         if pool.tab[i, FIRST] != NONE:
-            j = _slot(grown, pool.tab_key[i])
-            grown.tab_key[j] = pool.tab_key[i]
-            grown.tab[j, FIRST] = pool.tab[i, FIRST]
-            grown.tab[j, LAST] = pool.tab[i, LAST]
+            j = _slot(grown, pool.tab[i, KEY])
+            for c in range(3):
+                grown.tab[j, c] = pool.tab[i, c]
     return grown
 
 
 @njit(cache=True)
 def _slot(pool: Pool, key: int) -> int:
     """The map slot holding ``key``, or else the empty slot where it would go."""
-    mask = len(pool.tab_key) - 1
+    mask = len(pool.tab) - 1
     i = key & mask
-    while pool.tab[i, FIRST] != NONE and pool.tab_key[i] != key:
+    while pool.tab[i, FIRST] != NONE and pool.tab[i, KEY] != key:
         i = (i + 1) & mask
     return i
 
@@ -184,50 +174,50 @@ def _slot(pool: Pool, key: int) -> int:
 @njit(cache=True)
 def _evict(pool: Pool, block: int) -> None:
     """Drop this copy from the map (the key stays while another copy survives)."""
+    links, tab = pool.blocks, pool.tab
     slot = _slot(pool, pool.key[block])
-    prev, nxt = pool.links[block, DUP_PREV], pool.links[block, DUP_NEXT]
+    prev, nxt = links[block, DUP_PREV], links[block, DUP_NEXT]
     if prev == NONE:
-        pool.tab[slot, FIRST] = nxt
+        tab[slot, FIRST] = nxt
     else:
-        pool.links[prev, DUP_NEXT] = nxt
+        links[prev, DUP_NEXT] = nxt
     if nxt == NONE:
-        pool.tab[slot, LAST] = prev
+        tab[slot, LAST] = prev
     else:
-        pool.links[nxt, DUP_PREV] = prev
-    pool.cached[block] = False
-    if pool.tab[slot, FIRST] != NONE:
+        links[nxt, DUP_PREV] = prev
+    if tab[slot, FIRST] != NONE:
         return
     # Backward-shift deletion: entries after the hole move back unless their home lies
     # cyclically in (hole, j].
-    mask = len(pool.tab_key) - 1
+    mask = len(tab) - 1
     hole = slot
     j = slot
     while True:
         j = (j + 1) & mask
-        if pool.tab[j, FIRST] == NONE:
+        if tab[j, FIRST] == NONE:
             break
-        home = pool.tab_key[j] & mask
+        home = tab[j, KEY] & mask
         if (hole < home <= j) if hole <= j else (hole < home or home <= j):
             continue
-        pool.tab_key[hole] = pool.tab_key[j]
-        pool.tab[hole, FIRST] = pool.tab[j, FIRST]
-        pool.tab[hole, LAST] = pool.tab[j, LAST]
+        for c in range(3):
+            tab[hole, c] = tab[j, c]
         hole = j
-    pool.tab[hole, FIRST] = NONE
+    tab[hole, FIRST] = NONE
 
 
 @njit(cache=True)
 def _unlink(pool: Pool, block: int) -> None:
     """Take a block out of the cached run of the free queue."""
-    prev, nxt = pool.links[block, Q_PREV], pool.links[block, Q_NEXT]
+    links = pool.blocks
+    prev, nxt = links[block, Q_PREV], links[block, Q_NEXT]
     if prev == NONE:
         pool.state[Q_HEAD] = nxt
     else:
-        pool.links[prev, Q_NEXT] = nxt
+        links[prev, Q_NEXT] = nxt
     if nxt == NONE:
         pool.state[Q_TAIL] = prev
     else:
-        pool.links[nxt, Q_PREV] = prev
+        links[nxt, Q_PREV] = prev
     pool.state[Q_LEN] -= 1
 
 
@@ -250,7 +240,7 @@ def add_blocks(
             _unlink(pool, block)
             _evict(pool, block)
             tally[EVICTED, r] += 1
-        pool.ref_cnt[block] = 1
+        pool.blocks[block, REF_CNT] = 1
         table[i] = block
 
 
@@ -265,22 +255,22 @@ def cache_blocks(
     r: int,
 ) -> None:
     """Cache table[start:stop] under their keys, each as the newest copy of its key."""
+    links, tab = pool.blocks, pool.tab
     for i in range(start, stop):
         block, key = table[i], keys[i]
         pool.key[block] = key
-        pool.cached[block] = True
-        pool.links[block, DUP_NEXT] = NONE
+        links[block, DUP_NEXT] = NONE
         slot = _slot(pool, key)
-        if pool.tab[slot, FIRST] == NONE:
-            pool.tab_key[slot] = key
-            pool.tab[slot, FIRST] = block
+        if tab[slot, FIRST] == NONE:
+            tab[slot, KEY] = key
+            tab[slot, FIRST] = block
             last = NONE
         else:
-            last = pool.tab[slot, LAST]
-            pool.links[last, DUP_NEXT] = block
+            last = tab[slot, LAST]
+            links[last, DUP_NEXT] = block
             tally[DUPLICATE, r] += 1
-        pool.links[block, DUP_PREV] = last
-        pool.tab[slot, LAST] = block
+        links[block, DUP_PREV] = last
+        tab[slot, LAST] = block
         tally[INSERTED, r] += 1
 
 
@@ -303,7 +293,7 @@ def can_allocate(pool: Pool, table: np.ndarray, n_hit: int, n_blocks: int) -> bo
     """The admission gate: new blocks plus unreferenced hit blocks must all be free now."""
     evictable = 0
     for i in range(n_hit):
-        evictable += pool.ref_cnt[table[i]] == 0
+        evictable += pool.blocks[table[i], REF_CNT] == 0
     st = pool.state
     return (
         n_blocks - n_hit + evictable <= st[STACK_LEN] + st[LIMIT] + 1 - st[NEXT_FRESH] + st[Q_LEN]
@@ -325,9 +315,9 @@ def allocate(
     ``n_tokens`` slots and cache their full blocks."""
     for i in range(n_hit):
         block = table[i]
-        if pool.ref_cnt[block] == 0:
+        if pool.blocks[block, REF_CNT] == 0:
             _unlink(pool, block)
-        pool.ref_cnt[block] += 1
+        pool.blocks[block, REF_CNT] += 1
     n_blocks = (n_tokens + block_size - 1) // block_size
     pool = reserve(pool, n_blocks - n_hit)
     add_blocks(pool, table, n_hit, n_blocks, tally, r)
@@ -383,21 +373,21 @@ def release(pool: Pool, slots: Slots, s: int) -> None:
     of the queue (reused last block first), cached blocks that reach ref_cnt 0 to the FIFO's
     tail. Then the row is free."""
     table, n_blocks, n_cached = slots.tables[s], slots.info[s, N_BLOCKS], slots.info[s, N_CACHED]
-    st = pool.state
+    st, links = pool.state, pool.blocks
     for i in range(n_cached, n_blocks):  # the last one pushed becomes the head
-        pool.ref_cnt[table[i]] -= 1
+        links[table[i], REF_CNT] -= 1
         pool.stack[st[STACK_LEN]] = table[i]
         st[STACK_LEN] += 1
     for i in range(n_cached - 1, -1, -1):
         block = table[i]
-        pool.ref_cnt[block] -= 1
-        if pool.ref_cnt[block] == 0:
-            pool.links[block, Q_PREV] = st[Q_TAIL]
-            pool.links[block, Q_NEXT] = NONE
+        links[block, REF_CNT] -= 1
+        if links[block, REF_CNT] == 0:
+            links[block, Q_PREV] = st[Q_TAIL]
+            links[block, Q_NEXT] = NONE
             if st[Q_TAIL] == NONE:
                 st[Q_HEAD] = block
             else:
-                pool.links[st[Q_TAIL], Q_NEXT] = block
+                links[st[Q_TAIL], Q_NEXT] = block
             st[Q_TAIL] = block
             st[Q_LEN] += 1
     slots.free[slots.n_free[0]] = s
