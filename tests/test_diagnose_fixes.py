@@ -63,14 +63,16 @@ def test_nested_pads_keep_both_prefixes_aligned() -> None:
         [system + [500], few_shot + [501], system + [502]], [[0], [0], [0]]
     )
     targets = [
-        PadTarget(np.array(few_shot, np.int32), np.array([1])),
-        PadTarget(np.array(system, np.int32), np.array([0, 1, 2])),
+        PadTarget(np.array(few_shot, np.int32), np.array([1]), len(few_shot)),
+        PadTarget(np.array(system, np.int32), np.array([0, 1, 2]), 30),
     ]
     plan = pad_plan(context_for(workload, targets), targets)
     padded = prompts(plan.workload)
-    assert padded[0] == system + [PAD_TOKEN] * 11 + [500]
+    # the system prompt padded inside, at token 30 (the end of its last message, say)
+    pad_system = system[:30] + [PAD_TOKEN] * 11 + system[30:]
+    assert padded[0] == pad_system + [500]
     # 57 + 11 = 68 -> 12 more to 80
-    assert padded[1] == system + [PAD_TOKEN] * 11 + list(range(100, 120)) + [PAD_TOKEN] * 12 + [501]
+    assert padded[1] == pad_system + list(range(100, 120)) + [PAD_TOKEN] * 12 + [501]
     assert [p["padding_tokens"] for p in plan.details["prefixes"]] == [11, 12]
 
 

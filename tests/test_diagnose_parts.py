@@ -11,6 +11,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from analyzer.tokenizer import load_tokenizer
 from cli.main import app
 
 runner = CliRunner()
@@ -105,3 +106,25 @@ def test_nothing_to_reorder_is_a_usage_error(tmp_path: Path) -> None:
     log = write(tmp_path / "plain.jsonl", [{"prompt": "hello there"}, {"prompt": "hello you"}])
     result = runner.invoke(app, ["analyze", str(log), "--what-if", "reorder-parts", "--quiet"])
     assert result.exit_code == 2 and "no message parts to reorder" in result.output
+
+
+def test_padding_goes_at_the_end_of_the_system_message(tmp_path: Path) -> None:
+    """In a chat log the padding is appended to the shared system message's text: the same
+    alignment as padding at the template's end, where a user would write it."""
+    rng = random.Random(7)
+    bodies = [
+        {
+            "messages": [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": question(rng)},
+            ]
+        }
+        for _ in range(80)
+    ]
+    report = analyze(write(tmp_path / "chat.jsonl", bodies))
+    [item] = [r for r in report["recommendations"] if r["kind"] == "pad_prefix"]
+    [prefix] = item["details"]["prefixes"]
+    tokenizer = load_tokenizer(None)
+    head = tokenizer.encode_batch(["<|im_start|>system\n" + SYSTEM], add_special_tokens=False)[0]
+    assert prefix["insert_at_token"] == len(head) < prefix["prefix_tokens"]
+    assert (prefix["prefix_tokens"] + prefix["padding_tokens"]) % 16 == 0

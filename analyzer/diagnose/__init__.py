@@ -145,7 +145,7 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         workload=workload,
         settings=settings,
         salt_free_namespace=inputs.salt_free_namespace,
-        pad_targets=_pad_targets(replays.trie, workload, values),
+        pad_targets=_pad_targets(replays.trie, workload, values, _end_of_turn(inputs.decoder)),
         sites=sites,
         moves=moves,
         servers=inputs.servers,
@@ -220,9 +220,16 @@ def _site_summaries(
     return summaries
 
 
-def _pad_targets(trie: TrieNodes, workload: Workload, values: ValueRanges) -> list[PadTarget]:
+def _pad_targets(
+    trie: TrieNodes, workload: Workload, values: ValueRanges, end_of_turn: int | None
+) -> list[PadTarget]:
     """The templates worth padding, the same tokens under every namespace merged, with the
-    requests that extend them; none that ends inside a dynamic value."""
+    requests that extend them; none that ends inside a dynamic value.
+
+    Padding anywhere inside a template aligns it the same way (every request through it shifts
+    alike), so it goes where a user would put it: at the end of the template's last whole
+    message (before its end-of-turn token), else at the template's end.
+    """
     groups: dict[bytes, list[int]] = {}
     for prefix in shared_prefixes(trie, top=PAD_CANDIDATES, min_extension=TEMPLATE_MIN_TOKENS):
         if not values.ends_inside(prefix.tokens):
@@ -240,8 +247,17 @@ def _pad_targets(trie: TrieNodes, workload: Workload, values: ValueRanges) -> li
     for index, key in enumerate(groups):
         tokens = np.frombuffer(key, np.int32)
         rows = requests[(target_of[nodes] == index)]
-        targets.append(PadTarget(tokens, rows[lengths[rows] > len(tokens)]))
+        ends = np.flatnonzero(tokens == end_of_turn) if end_of_turn is not None else []
+        at = int(ends[-1]) if len(ends) else len(tokens)
+        targets.append(PadTarget(tokens, rows[lengths[rows] > len(tokens)], at))
     return targets
+
+
+def _end_of_turn(decoder: Tokenizer | None) -> int | None:
+    """The token that ends a chat message (None without text or such a token)."""
+    if decoder is None or not decoder.special.eos_token:
+        return None
+    return decoder.token_id(decoder.special.eos_token)
 
 
 def _what_ifs(

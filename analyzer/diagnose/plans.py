@@ -24,10 +24,12 @@ STATIC_SHARE = 0.5
 
 @dataclass(frozen=True)
 class PadTarget:
-    """A shared prefix and the requests whose prompts extend it (replay order)."""
+    """A shared prefix, the requests whose prompts extend it (replay order), and where in it
+    padding goes."""
 
     tokens: np.ndarray
     requests: np.ndarray
+    insert_at: int
 
     @property
     def length(self) -> int:
@@ -80,7 +82,7 @@ def pad_plan(context: Context, targets: list[PadTarget]) -> Plan:
             if np.array_equal(target.tokens[: inner.length], inner.tokens)
         )
         pads.append(-(target.length + shift) % block)
-    rows = [(t.requests, t.length, pad) for t, pad in zip(ordered, pads, strict=True) if pad]
+    rows = [(t.requests, t.insert_at, pad) for t, pad in zip(ordered, pads, strict=True) if pad]
     edits = Edits.of(
         np.concatenate([r for r, _, _ in rows] or [np.zeros(0, np.int64)]),
         np.concatenate([np.full(len(r), n) for r, n, _ in rows] or [np.zeros(0, np.int64)]),
@@ -93,7 +95,7 @@ def pad_plan(context: Context, targets: list[PadTarget]) -> Plan:
             {
                 "prefix_tokens": t.length,
                 "padding_tokens": pad,
-                "insert_at_token": t.length,
+                "insert_at_token": t.insert_at,
                 "requests": len(t.requests),
             }
             for t, pad in zip(ordered, pads, strict=True)

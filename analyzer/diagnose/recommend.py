@@ -80,8 +80,8 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[tuple[Plan, D
         pad = -target.length % block
         text = (
             f"Pad the {target.length}-token prefix shared by {len(target.requests):,} requests "
-            f"with {pad} tokens at token {target.length} (to {target.length + pad}, a multiple "
-            f"of {block})"
+            f"with {pad} tokens at token {target.insert_at} (to {target.length + pad}, a "
+            f"multiple of {block})"
         )
         plans.append((pad_plan(context, [target]), _describer(text)))
     ranked = sorted(range(len(evidence.dynamic_sites)), key=lambda s: -_site_loss(evidence, s))
