@@ -30,6 +30,8 @@ from cache_models.workload import Workload
 MIN_STATIC_TOKENS = 16
 # Shared prefixes considered for padding.
 PAD_CANDIDATES = 32
+# Dynamic sites the report lists, the costliest first.
+SHOWN_SITES = 20
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
     )
     diagnosis = Diagnosis(
         losses={e: EngineLosses(totals[e], losses[e].clamped) for e in losses},
-        dynamic_content=dynamic_sites,
+        dynamic_content=sorted(dynamic_sites, key=lambda site: -site.lost_tokens)[:SHOWN_SITES],
         recommendations=recommend(context, evidence),
         capacity_curves=curves,
         size_sweep=sweep,

@@ -1,0 +1,51 @@
+"""Replays for measured gains: forked workers give the in-process results, and each server (model)
+of a log is replayed on caches of its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analyzer.diagnose import measure
+from analyzer.diagnose.measure import Gain, Scenario, replay_hits, replay_many
+from analyzer.replay import ReplaySettings, replay_all
+from tests.golden.workloads import random_workload
+from tests.test_prefix_trie import to_workload
+
+
+def test_forked_workers_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    workload = to_workload(random_workload(3, n_requests=120, vocab=6))
+    scenarios = [
+        Scenario(workload, ReplaySettings(block_size=size, capacity_tokens=600))
+        for size in (4, 16, 32)
+    ]
+    alone = replay_many(scenarios)
+    monkeypatch.setattr(measure, "PARALLEL_MIN_TOKENS", 0)
+    forked = replay_many(scenarios)
+    for a, b in zip(alone, forked, strict=True):
+        assert a.keys() == b.keys()
+        for engine in a:
+            assert a[engine].tolist() == b[engine].tolist()
+
+
+def test_each_server_has_its_own_cache() -> None:
+    workload = to_workload(random_workload(4, n_requests=120, vocab=6))
+    servers = np.where(np.arange(workload.n_requests) % 3 == 0, "model-a", "model-b")
+    settings = ReplaySettings(capacity_tokens=400)
+    hits = replay_hits(Scenario(workload, settings, servers=servers))
+    for name in ("model-a", "model-b"):
+        indices = np.flatnonzero(servers == name)
+        alone = replay_all(workload.select(indices), settings)
+        assert hits["vllm"][indices].tolist() == alone.vllm.hit_tokens.tolist()
+        assert hits["sglang"][indices].tolist() == alone.sglang.hit_tokens.tolist()
+
+
+def test_padding_tokens_count_against_a_fix() -> None:
+    gain = Gain(
+        prompt_tokens_before=1000,
+        hit_tokens_before=500,
+        prompt_tokens_after=1100,
+        hit_tokens_after=560,
+    )
+    assert gain.recomputed_tokens_saved == -40
+    assert gain.to_dict()["hit_rate_after"] == pytest.approx(560 / 1100)
