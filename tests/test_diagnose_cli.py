@@ -123,3 +123,37 @@ def test_terminal_shows_losses_and_charts(example: dict) -> None:
     ):
         assert title in output
     assert "█" in output
+
+
+def test_unsorted_log_is_diagnosed_in_arrival_order(example: dict) -> None:
+    """The same requests, lines reversed: replayed by timestamp, so the same diagnosis, and the
+    per-request losses follow the lines."""
+    folder = example["folder"]
+    lines = EXAMPLE.read_text().splitlines()
+    reversed_log = folder / "reversed.jsonl"
+    reversed_log.write_text("\n".join(reversed(lines)) + "\n")
+    out, table_path = folder / "reversed.json", folder / "reversed.parquet"
+    result = runner.invoke(
+        app,
+        [
+            "analyze",
+            str(reversed_log),
+            "--capacity-tokens",
+            "8000",
+            "--json",
+            str(out),
+            "--per-request",
+            str(table_path),
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report, original = json.loads(out.read_text()), example["report"]
+    for key in ("losses", "dynamic_content", "upper_bounds", "block_size_sweep"):
+        assert report[key] == original[key]
+    assert [r["summary"] for r in report["recommendations"]] == [
+        r["summary"] for r in original["recommendations"]
+    ]
+    table = pl.read_parquet(table_path)
+    column = "vllm_lost_eviction"
+    assert table[column].to_list() == example["table"][column].to_list()[::-1]

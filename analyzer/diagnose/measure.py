@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.diagnose.fixes import select_requests
 from analyzer.replay import ReplaySettings
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.vllm_apc import VllmPrefixCache
@@ -71,7 +72,7 @@ def replay_hits(scenario: Scenario) -> dict[str, np.ndarray]:
     parts = server_parts(scenario.servers, workload.n_requests)
     hits = {engine: np.zeros(workload.n_requests, np.int64) for engine in scenario.engines}
     for indices in parts:
-        part = workload if len(parts) == 1 else workload.select(indices)
+        part = workload if len(parts) == 1 else select_requests(workload, indices)
         if "vllm" in hits:
             hits["vllm"][indices] = VllmPrefixCache(settings.vllm()).replay(part).hit_tokens
         if "sglang" in hits:
