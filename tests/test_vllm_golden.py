@@ -10,14 +10,18 @@ import pytest
 
 from cache_models.config import VllmConfig
 from cache_models.vllm_apc import VllmPrefixCache
-from tests.golden.vllm import load_golden_files, to_workload
+from tests.golden.vllm import load_edge_cases, load_golden_files, to_workload
 
 GOLDENS = load_golden_files()
+EDGE_CASES = load_edge_cases()
 
 
 def test_goldens_are_present() -> None:
     assert len(GOLDENS) >= 30
     assert sum(len(g["configs"]) for g in GOLDENS) >= 30 * 18
+    assert len(EDGE_CASES) >= 500
+    preempted = sum(any(c["preemptions"]) for g in EDGE_CASES for c in g["configs"])
+    assert preempted >= 50
 
 
 def config_of(case: dict[str, Any]) -> VllmConfig:
@@ -30,13 +34,13 @@ def config_of(case: dict[str, Any]) -> VllmConfig:
     )
 
 
-@pytest.mark.parametrize("engine", ["fast", "reference"])
-@pytest.mark.parametrize("golden", GOLDENS, ids=lambda g: f"seed{g['seed']}")
-def test_matches_vllm(golden: dict[str, Any], engine: str) -> None:
+def check(golden: dict[str, Any], engine: str) -> None:
+    """Every configuration of one golden workload, request by request."""
     workload = to_workload(golden["requests"])
     for case in golden["configs"]:
         result = VllmPrefixCache(config_of(case), engine=engine).replay(workload)  # type: ignore[arg-type]
-        where = f"B={case['block_size']} {case['capacity']} K={case['max_in_flight']}"
+        where = f"seed {golden['seed']} B={case['block_size']} {case['capacity']} "
+        where += f"blocks={case['num_blocks']} K={case['max_in_flight']}"
         np.testing.assert_array_equal(result.hit_tokens, case["hit"], err_msg=where)
         np.testing.assert_array_equal(
             result.counters["preemptions"], case["preemptions"], err_msg=where
@@ -45,3 +49,15 @@ def test_matches_vllm(golden: dict[str, Any], engine: str) -> None:
         assert result.metrics["vllm:prefix_cache_queries"] == case["queries"], where
         assert result.metrics["vllm:prefix_cache_hits"] == case["hits"], where
         assert not result.counters["rejected"].any(), where
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("golden", GOLDENS, ids=lambda g: f"seed{g['seed']}")
+def test_matches_vllm(golden: dict[str, Any], engine: str) -> None:
+    check(golden, engine)
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_edge_cases_match_vllm(engine: str) -> None:
+    for golden in EDGE_CASES:
+        check(golden, engine)

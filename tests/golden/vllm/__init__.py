@@ -24,9 +24,16 @@ def to_workload(requests: list[dict[str, Any]]) -> Workload:
     )
 
 
+def _load(path: Path) -> Any:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
 def load_golden_files() -> list[dict[str, Any]]:
-    """Every stored workload with its configurations and the oracle's per-request results."""
-    return [
-        json.loads(gzip.decompress(path.read_bytes()))
-        for path in sorted(GOLDEN_DIR.glob("workload_*.json.gz"))
-    ]
+    """Every seeded workload with its configurations and the oracle's per-request results."""
+    return [_load(path) for path in sorted(GOLDEN_DIR.glob("workload_*.json.gz"))]
+
+
+def load_edge_cases() -> list[dict[str, Any]]:
+    """Small workloads on a harsh grid (tiny caches, block sizes 1 to 16, preemptions), each with
+    one configuration and the oracle's results."""
+    return _load(GOLDEN_DIR / "edge_cases.json.gz")
