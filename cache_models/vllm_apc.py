@@ -86,13 +86,13 @@ class VllmPrefixCache:
         return _replay_fast(self.config, workload)
 
 
-def peak_blocks(workload: Workload, block_size: int) -> np.ndarray:
+def _peak_blocks(workload: Workload, block_size: int) -> np.ndarray:
     """Blocks each request holds at its peak: prompt plus all outputs but the last."""
     peak_tokens = workload.prompt_lengths + workload.output_lengths - 1
     return -(-peak_tokens // block_size)
 
 
-def make_result(
+def _result(
     hit_tokens: np.ndarray,
     counters: dict[str, np.ndarray],
     block_size: int,
@@ -112,7 +112,7 @@ def make_result(
 def _replay_fast(config: VllmConfig, workload: Workload) -> ReplayResult:
     """Run the numba kernel of ``config``'s replay mode."""
     size = config.block_size
-    peaks = peak_blocks(workload, size)
+    peaks = _peak_blocks(workload, size)
     limit = kernel.UNBOUNDED if config.capacity_tokens is None else config.capacity_tokens // size
     runnable = peaks <= limit
     tally = np.zeros((6, workload.n_requests), np.int64)
@@ -147,7 +147,7 @@ def _replay_fast(config: VllmConfig, workload: Workload) -> ReplayResult:
         "rehit_tokens": tally[kernel.REHIT],
         "rejected": (~runnable).astype(np.int64),
     }
-    return make_result(tally[kernel.HIT], counters, size, workload.prompt_lengths)
+    return _result(tally[kernel.HIT], counters, size, workload.prompt_lengths)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,7 +280,6 @@ class Request:
     """A request as the scheduler sees it."""
 
     index: int
-    tokens: np.ndarray  # the prompt, then the outputs
     prompt_len: int
     max_tokens: int  # number of outputs
     keys: list[int]  # key of every full block of ``tokens``
@@ -370,7 +369,7 @@ class ReferenceReplay:
         config = self.config
         size = config.block_size
         n = workload.n_requests
-        peaks = peak_blocks(workload, size)
+        peaks = _peak_blocks(workload, size)
         if config.capacity_tokens is None:
             usable = int(peaks.sum()) + 1  # more than could ever be held: no eviction
         else:
@@ -386,7 +385,6 @@ class ReferenceReplay:
             prompt_len = len(workload.prompt(i))
             request = Request(
                 index=i,
-                tokens=tokens,
                 prompt_len=prompt_len,
                 max_tokens=len(workload.output(i)),
                 keys=keys.chain(tokens, int(workload.namespace[i])),
@@ -399,7 +397,7 @@ class ReferenceReplay:
             self._replay_in_time(requests, arrival, config.time_model)
         else:
             self._replay_lock_step([r for r in requests if not self.counters["rejected"][r.index]])
-        return make_result(self.hit_tokens, self.counters, size, workload.prompt_lengths)
+        return _result(self.hit_tokens, self.counters, size, workload.prompt_lengths)
 
     def _admit(self, req: Request, must_fit_tokens: int) -> int | None:
         """Lookup and allocation for a waiting request: the hit in tokens, None if it must wait."""

@@ -362,3 +362,13 @@ def test_prompts_one_token_apart(engine: str) -> None:
     result = replay(prompts, engine=engine, block_size=16)
     expected = [0] + [64 if i % 16 or i >= 16 else 80 for i in range(1, 300)]
     assert result.hit_tokens.tolist() == expected
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("max_in_flight", [1, 4])
+def test_empty_workload(engine: str, max_in_flight: int) -> None:
+    empty = Workload.from_lists([], [])
+    config = VllmConfig(capacity_tokens=64, max_in_flight=max_in_flight)
+    result = VllmPrefixCache(config, engine=engine).replay(empty)  # type: ignore[arg-type]
+    assert len(result.hit_tokens) == 0
+    assert result.metrics["vllm:prefix_cache_queries"] == 0
