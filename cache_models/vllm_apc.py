@@ -79,8 +79,11 @@ class VllmPrefixCache:
         self.engine = engine
 
     def replay(self, workload: Workload) -> ReplayResult:
-        if self.config.time_model is not None and workload.arrival_s is None:
-            raise ValueError("a time_model replay needs workload.arrival_s")
+        if self.config.time_model is not None:
+            if workload.arrival_s is None:
+                raise ValueError("a time_model replay needs workload.arrival_s")
+            if not np.isfinite(workload.arrival_s).all():
+                raise ValueError("a time_model replay needs finite arrival times")
         if self.engine == "reference":
             return ReferenceReplay(self.config).replay(workload)
         return _replay_fast(self.config, workload)

@@ -274,10 +274,12 @@ def test_time_model_frees_in_finish_order(engine: str) -> None:
     assert in_turn.counters["evicted_blocks"].tolist() == [0, 0, 1, 1, 1]
 
 
-def test_time_model_needs_arrivals() -> None:
+def test_time_model_needs_finite_arrivals() -> None:
     config = VllmConfig(time_model=TimeModel())
     with pytest.raises(ValueError, match="arrival_s"):
         VllmPrefixCache(config).replay(Workload.from_lists([[1, 2, 3]]))
+    with pytest.raises(ValueError, match="finite"):
+        VllmPrefixCache(config).replay(Workload.from_lists([[1], [2]], arrival_s=[0.0, np.nan]))
 
 
 # ---------------------------------------------------------------- the fast path
