@@ -1,11 +1,12 @@
 """Compiled sequential replay of SGLang's radix cache: ``_sglang_reference`` on flat arrays.
 
-Nodes are rows of arrays (no Python object per node); a node's tokens are a span of one token
-arena. Children are found through an open-addressing map keyed by (parent, namespace, first page).
-Evictable leaves sit in a persistent binary heap with lazy deletion: every change to a node's key
-or evictability gives it a new version, and only the entry carrying the current version counts.
-The replay stops before a request when node rows or arena room run short; the caller grows them
-and resumes, so memory follows the live tree and the pool, not the log.
+Nodes are rows of one int64 matrix and one float64 matrix (no Python object per node); a node's
+tokens are a span of one token arena. Children are found through an open-addressing map keyed by
+(parent, namespace, first page). Evictable leaves sit in a persistent binary heap with lazy
+deletion: every change to a node's key or evictability gives it a new version, and only the entry
+carrying the current version counts. The replay stops before a request when node rows or arena room
+run short; the caller grows them and resumes, so memory follows the live tree and the pool, not the
+log. The tree is a handful of arrays because every call passes (and reference-counts) each one.
 """
 
 from __future__ import annotations
@@ -20,15 +21,28 @@ from cache_models.workload import Workload
 
 POLICY_CODES = {"lru": 0, "lfu": 1, "fifo": 2, "mru": 3, "filo": 4, "priority": 5, "slru": 6}
 LRU, LFU, FIFO, MRU, FILO, PRIORITY, SLRU = range(7)
+NO_EVICTION = -1  # an unbounded pool: no eviction heap at all
 SLRU_PROTECTED_HITS = 2
 ANCESTOR_STAMP_STEP = 0.00001
 ROOT = 0
 EMPTY, TOMB = -1, -2
 ROOT_PRIORITY = -(2**63 - 1)
+INITIAL_ROWS = 1024
+COUNTERS = ("evicted_tokens", "inserted_tokens", "node_splits", "rejected")
 
+# Columns of Tree.nodes. VERSION is the node's current heap version, -1 for an unused row.
+PARENT, N_CHILDREN, KEY_START, KEY_LEN, NAMESPACE, LOCK_REF, HIT_COUNT, PRIORITY_, VERSION = range(
+    9
+)
+N_NODE_COLUMNS = 9
+# Columns of Tree.times (SGLang's logical clock).
+LAST_ACCESS, CREATION = 0, 1
+# Columns of Tree.table (the child map) and Tree.heap_refs.
+SLOT_NODE, SLOT_HASH = 0, 1
+ENTRY_NODE, ENTRY_VERSION = 0, 1
 # Slots of Tree.ints.
-FREE_TOP, ARENA_TOP, EVICTABLE, PROTECTED, POOL_FREE, HEAP_SIZE, HT_FILL = range(7)
-SPLITS, EVICTED, PASSES, VERSION, N_INTS = 7, 8, 9, 10, 11
+FREE_TOP, ARENA_TOP, EVICTABLE, PROTECTED, POOL_FREE, HEAP_SIZE, TABLE_FILL = range(7)
+SPLITS, EVICTED, PASSES, LAST_VERSION, CLOCK, N_INTS = 7, 8, 9, 10, 11, 12
 
 _FNV_OFFSET = -3750763034362895579  # 0xcbf29ce484222325 as int64
 _FNV_PRIME = 1099511628211
@@ -37,78 +51,53 @@ _FNV_PRIME = 1099511628211
 class Tree(NamedTuple):
     """The radix tree, the pool's free count and the eviction heap, as arrays."""
 
-    parent: np.ndarray  # int32 per node; -1 for the root
-    n_children: np.ndarray  # int32
-    key_start: np.ndarray  # int64: where the node's tokens start in ``arena``
-    key_len: np.ndarray  # int64
-    namespace: np.ndarray  # int32
-    lock_ref: np.ndarray  # int32
-    last_access: np.ndarray  # float64 (SGLang's logical clock)
-    creation: np.ndarray  # float64
-    hit_count: np.ndarray  # int64
-    priority: np.ndarray  # int64
-    version: np.ndarray  # int64: the node's current heap version (-1: not in use)
-    free_ids: np.ndarray  # int32 stack of unused rows
+    nodes: np.ndarray  # int64[rows, N_NODE_COLUMNS]
+    times: np.ndarray  # float64[rows, 2]: last access, creation
+    free_ids: np.ndarray  # int64 stack of unused rows
     arena: np.ndarray  # int32 tokens
-    ht_node: np.ndarray  # int32 child-map slots: node, EMPTY or TOMB
-    ht_hash: np.ndarray  # int64
-    heap_k1: np.ndarray  # float64 policy key
-    heap_k2: np.ndarray  # float64 last access (the tie-break)
-    heap_node: np.ndarray  # int32
-    heap_ver: np.ndarray  # int64
+    table: np.ndarray  # int64[slots, 2]: node (or EMPTY / TOMB), hash
+    heap_keys: np.ndarray  # float64[entries, 2]: policy key, last access (the tie-break)
+    heap_refs: np.ndarray  # int64[entries, 2]: node, version
     ints: np.ndarray  # int64 scalars, see the slot names above
-    clock: np.ndarray  # float64[1]
 
 
-def new_tree(n_nodes: int, arena_tokens: int, pool_tokens: int) -> Tree:
-    """An empty tree with room for ``n_nodes`` rows (the root included)."""
-    n_nodes = max(n_nodes, 16)
-    ht_size = 1 << int(4 * n_nodes - 1).bit_length()
+def new_tree(n_rows: int, arena_tokens: int, pool_tokens: int) -> Tree:
+    """An empty tree with room for ``n_rows`` nodes (the root included)."""
+    n_rows = max(n_rows, 16)
+    table_size = 1 << int(4 * n_rows - 1).bit_length()
     tree = Tree(
-        parent=np.full(n_nodes, -1, np.int32),
-        n_children=np.zeros(n_nodes, np.int32),
-        key_start=np.zeros(n_nodes, np.int64),
-        key_len=np.zeros(n_nodes, np.int64),
-        namespace=np.zeros(n_nodes, np.int32),
-        lock_ref=np.zeros(n_nodes, np.int32),
-        last_access=np.zeros(n_nodes, np.float64),
-        creation=np.zeros(n_nodes, np.float64),
-        hit_count=np.zeros(n_nodes, np.int64),
-        priority=np.zeros(n_nodes, np.int64),
-        version=np.full(n_nodes, -1, np.int64),
-        free_ids=np.arange(n_nodes - 1, 0, -1, dtype=np.int32),
+        nodes=np.zeros((n_rows, N_NODE_COLUMNS), np.int64),
+        times=np.zeros((n_rows, 2), np.float64),
+        free_ids=np.arange(n_rows - 1, -1, -1, dtype=np.int64),
         arena=np.zeros(max(arena_tokens, 16), np.int32),
-        ht_node=np.full(ht_size, EMPTY, np.int32),
-        ht_hash=np.zeros(ht_size, np.int64),
-        heap_k1=np.zeros(2 * n_nodes + 2, np.float64),
-        heap_k2=np.zeros(2 * n_nodes + 2, np.float64),
-        heap_node=np.zeros(2 * n_nodes + 2, np.int32),
-        heap_ver=np.zeros(2 * n_nodes + 2, np.int64),
+        table=np.full((table_size, 2), EMPTY, np.int64),
+        heap_keys=np.zeros((2 * n_rows + 2, 2), np.float64),
+        heap_refs=np.zeros((2 * n_rows + 2, 2), np.int64),
         ints=np.zeros(N_INTS, np.int64),
-        clock=np.zeros(1, np.float64),
     )
-    tree.ints[FREE_TOP] = n_nodes - 1
+    tree.nodes[:, VERSION] = -1
+    tree.nodes[ROOT, PARENT] = -1
+    tree.nodes[ROOT, LOCK_REF] = 1
+    tree.nodes[ROOT, PRIORITY_] = ROOT_PRIORITY
+    tree.nodes[ROOT, VERSION] = 0
+    tree.ints[FREE_TOP] = n_rows - 1  # free_ids[:FREE_TOP] are free; the root is the last
     tree.ints[POOL_FREE] = pool_tokens
-    tree.lock_ref[ROOT] = 1
-    tree.priority[ROOT] = ROOT_PRIORITY
-    tree.version[ROOT] = 0
     return tree
 
 
-def grown(tree: Tree, n_nodes: int, arena_tokens: int, page_size: int, policy: int) -> Tree:
-    """A copy of ``tree`` with at least ``n_nodes`` rows and a compacted arena of
+def grown(tree: Tree, n_rows: int, arena_tokens: int, page_size: int, policy: int) -> Tree:
+    """A copy of ``tree`` with at least ``n_rows`` rows and a compacted arena of
     ``arena_tokens``; the child map and the heap are rebuilt."""
-    old = len(tree.parent)
-    n_nodes = max(n_nodes, old)
-    bigger = new_tree(n_nodes, arena_tokens, 0)
-    for name in Tree._fields[:11]:
-        getattr(bigger, name)[:old] = getattr(tree, name)
+    old = len(tree.nodes)
+    n_rows = max(n_rows, old)
+    bigger = new_tree(n_rows, arena_tokens, 0)
+    bigger.nodes[:old] = tree.nodes
+    bigger.times[:old] = tree.times
     top = int(tree.ints[FREE_TOP])
-    bigger.free_ids[:top] = tree.free_ids[:top]
-    bigger.free_ids[top : top + n_nodes - old] = np.arange(n_nodes - 1, old - 1, -1)
+    bigger.free_ids[: n_rows - old] = np.arange(n_rows - 1, old - 1, -1)
+    bigger.free_ids[n_rows - old : n_rows - old + top] = tree.free_ids[:top]
     bigger.ints[:] = tree.ints
-    bigger.ints[FREE_TOP] = top + n_nodes - old
-    bigger.clock[:] = tree.clock
+    bigger.ints[FREE_TOP] = top + n_rows - old
     _compact_arena(bigger, tree.arena)
     _rehash(bigger, page_size)
     _rebuild_heap(bigger, policy)
@@ -116,11 +105,11 @@ def grown(tree: Tree, n_nodes: int, arena_tokens: int, page_size: int, policy: i
 
 
 # -- node rows -------------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _tick(t: Tree) -> float:
-    now = t.clock[0]
-    t.clock[0] = now + 1.0
-    return now
+    now = t.ints[CLOCK]
+    t.ints[CLOCK] = now + 1
+    return float(now)
 
 
 @njit(cache=True)
@@ -128,29 +117,29 @@ def _new_node(t: Tree, parent: int, ns: int, start: int, length: int, priority: 
     top = t.ints[FREE_TOP] - 1
     t.ints[FREE_TOP] = top
     n = t.free_ids[top]
-    t.parent[n] = parent
-    t.n_children[n] = 0
-    t.key_start[n] = start
-    t.key_len[n] = length
-    t.namespace[n] = ns
-    t.lock_ref[n] = 0
-    t.hit_count[n] = 0
-    t.priority[n] = priority
-    t.last_access[n] = _tick(t)
-    t.creation[n] = _tick(t)
-    t.version[n] = 0
+    t.nodes[n, PARENT] = parent
+    t.nodes[n, N_CHILDREN] = 0
+    t.nodes[n, KEY_START] = start
+    t.nodes[n, KEY_LEN] = length
+    t.nodes[n, NAMESPACE] = ns
+    t.nodes[n, LOCK_REF] = 0
+    t.nodes[n, HIT_COUNT] = 0
+    t.nodes[n, PRIORITY_] = priority
+    t.times[n, LAST_ACCESS] = _tick(t)
+    t.times[n, CREATION] = _tick(t)
+    t.nodes[n, VERSION] = 0
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _free_node(t: Tree, n: int) -> None:
-    t.version[n] = -1
+    t.nodes[n, VERSION] = -1
     t.free_ids[t.ints[FREE_TOP]] = n
     t.ints[FREE_TOP] += 1
 
 
 # -- child map ------------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
     h = np.int64(_FNV_OFFSET)
     h = (h ^ np.int64(parent)) * np.int64(_FNV_PRIME)
@@ -160,22 +149,29 @@ def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: in
     return h ^ (h >> np.int64(29))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _node_hash(t: Tree, n: int, page_size: int) -> int:
-    return _page_hash(t.parent[n], t.namespace[n], t.arena, t.key_start[n], page_size)
+    return _page_hash(
+        t.nodes[n, PARENT], t.nodes[n, NAMESPACE], t.arena, t.nodes[n, KEY_START], page_size
+    )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _find_child(t: Tree, parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
     h = _page_hash(parent, ns, tokens, off, page_size)
-    mask = len(t.ht_node) - 1
+    mask = len(t.table) - 1
     s = h & mask
     while True:
-        n = t.ht_node[s]
+        n = t.table[s, SLOT_NODE]
         if n == EMPTY:
             return -1
-        if n >= 0 and t.ht_hash[s] == h and t.parent[n] == parent and t.namespace[n] == ns:
-            start = t.key_start[n]
+        if (
+            n >= 0
+            and t.table[s, SLOT_HASH] == h
+            and t.nodes[n, PARENT] == parent
+            and t.nodes[n, NAMESPACE] == ns
+        ):
+            start = t.nodes[n, KEY_START]
             same = True
             for j in range(page_size):
                 if t.arena[start + j] != tokens[off + j]:
@@ -188,61 +184,60 @@ def _find_child(t: Tree, parent: int, ns: int, tokens: np.ndarray, off: int, pag
 
 @njit(cache=True)
 def _slot_of(t: Tree, n: int, page_size: int) -> int:
-    mask = len(t.ht_node) - 1
+    mask = len(t.table) - 1
     s = _node_hash(t, n, page_size) & mask
-    while t.ht_node[s] != n:
+    while t.table[s, SLOT_NODE] != n:
         s = (s + 1) & mask
     return s
 
 
 @njit(cache=True)
 def _add_child(t: Tree, n: int, page_size: int) -> None:
-    if 2 * (t.ints[HT_FILL] + 1) > len(t.ht_node):
+    if 2 * (t.ints[TABLE_FILL] + 1) > len(t.table):
         _rehash(t, page_size)
     h = _node_hash(t, n, page_size)
-    mask = len(t.ht_node) - 1
+    mask = len(t.table) - 1
     s = h & mask
-    while t.ht_node[s] >= 0:
+    while t.table[s, SLOT_NODE] >= 0:
         s = (s + 1) & mask
-    if t.ht_node[s] == EMPTY:
-        t.ints[HT_FILL] += 1
-    t.ht_node[s] = n
-    t.ht_hash[s] = h
+    if t.table[s, SLOT_NODE] == EMPTY:
+        t.ints[TABLE_FILL] += 1
+    t.table[s, SLOT_NODE] = n
+    t.table[s, SLOT_HASH] = h
 
 
 @njit(cache=True)
 def _rehash(t: Tree, page_size: int) -> None:
     """Rebuild the child map without tombstones (same size)."""
-    t.ht_node[:] = EMPTY
-    t.ints[HT_FILL] = 0
-    mask = len(t.ht_node) - 1
-    for n in range(1, len(t.parent)):
-        if t.version[n] >= 0:
+    t.table[:, SLOT_NODE] = EMPTY
+    t.ints[TABLE_FILL] = 0
+    mask = len(t.table) - 1
+    for n in range(1, len(t.nodes)):
+        if t.nodes[n, VERSION] >= 0:
             h = _node_hash(t, n, page_size)
             s = h & mask
-            while t.ht_node[s] != EMPTY:
+            while t.table[s, SLOT_NODE] != EMPTY:
                 s = (s + 1) & mask
-            t.ht_node[s] = n
-            t.ht_hash[s] = h
-            t.ints[HT_FILL] += 1
+            t.table[s, SLOT_NODE] = n
+            t.table[s, SLOT_HASH] = h
+            t.ints[TABLE_FILL] += 1
 
 
 # -- eviction heap ---------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _less(t: Tree, a: int, b: int) -> bool:
-    if t.heap_k1[a] != t.heap_k1[b]:
-        return t.heap_k1[a] < t.heap_k1[b]
-    if t.heap_k2[a] != t.heap_k2[b]:
-        return t.heap_k2[a] < t.heap_k2[b]
-    return t.heap_node[a] < t.heap_node[b]
+    if t.heap_keys[a, 0] != t.heap_keys[b, 0]:
+        return t.heap_keys[a, 0] < t.heap_keys[b, 0]
+    if t.heap_keys[a, 1] != t.heap_keys[b, 1]:
+        return t.heap_keys[a, 1] < t.heap_keys[b, 1]
+    return t.heap_refs[a, ENTRY_NODE] < t.heap_refs[b, ENTRY_NODE]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _swap(t: Tree, a: int, b: int) -> None:
-    t.heap_k1[a], t.heap_k1[b] = t.heap_k1[b], t.heap_k1[a]
-    t.heap_k2[a], t.heap_k2[b] = t.heap_k2[b], t.heap_k2[a]
-    t.heap_node[a], t.heap_node[b] = t.heap_node[b], t.heap_node[a]
-    t.heap_ver[a], t.heap_ver[b] = t.heap_ver[b], t.heap_ver[a]
+    for c in range(2):
+        t.heap_keys[a, c], t.heap_keys[b, c] = t.heap_keys[b, c], t.heap_keys[a, c]
+        t.heap_refs[a, c], t.heap_refs[b, c] = t.heap_refs[b, c], t.heap_refs[a, c]
 
 
 @njit(cache=True)
@@ -260,40 +255,40 @@ def _sift_down(t: Tree, i: int) -> None:
         i = smallest
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _eviction_key(t: Tree, n: int, policy: int) -> tuple[float, float]:
     """The policy's sort key (evict_policy.py); ties fall back to the last access time."""
-    lat = t.last_access[n]
+    lat = t.times[n, LAST_ACCESS]
     if policy == LFU:
-        return float(t.hit_count[n]), lat
+        return float(t.nodes[n, HIT_COUNT]), lat
     if policy == FIFO:
-        return t.creation[n], lat
+        return t.times[n, CREATION], lat
     if policy == MRU:
         return -lat, lat
     if policy == FILO:
-        return -t.creation[n], lat
+        return -t.times[n, CREATION], lat
     if policy == PRIORITY:
-        return float(t.priority[n]), lat
+        return float(t.nodes[n, PRIORITY_]), lat
     if policy == SLRU:
-        return (1.0 if t.hit_count[n] >= SLRU_PROTECTED_HITS else 0.0), lat
+        return (1.0 if t.nodes[n, HIT_COUNT] >= SLRU_PROTECTED_HITS else 0.0), lat
     return lat, lat
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _is_evictable_leaf(t: Tree, n: int) -> bool:
-    return n != ROOT and t.lock_ref[n] == 0 and t.n_children[n] == 0
+    return n != ROOT and t.nodes[n, LOCK_REF] == 0 and t.nodes[n, N_CHILDREN] == 0
 
 
 @njit(cache=True)
 def _push(t: Tree, n: int, policy: int) -> None:
-    if t.ints[HEAP_SIZE] == len(t.heap_node):
+    if t.ints[HEAP_SIZE] == len(t.heap_refs):
         _rebuild_heap(t, policy)
         return  # the rebuild pushed every evictable leaf, n included
     i = t.ints[HEAP_SIZE]
     t.ints[HEAP_SIZE] = i + 1
-    t.heap_k1[i], t.heap_k2[i] = _eviction_key(t, n, policy)
-    t.heap_node[i] = n
-    t.heap_ver[i] = t.version[n]
+    t.heap_keys[i, 0], t.heap_keys[i, 1] = _eviction_key(t, n, policy)
+    t.heap_refs[i, ENTRY_NODE] = n
+    t.heap_refs[i, ENTRY_VERSION] = t.nodes[n, VERSION]
     while i > 0:
         up = (i - 1) // 2
         if not _less(t, i, up):
@@ -306,45 +301,48 @@ def _push(t: Tree, n: int, policy: int) -> None:
 def _rebuild_heap(t: Tree, policy: int) -> None:
     """Drop stale entries: one fresh entry per evictable leaf."""
     size = 0
-    for n in range(1, len(t.parent)):
-        if t.version[n] >= 0 and _is_evictable_leaf(t, n):
-            t.heap_k1[size], t.heap_k2[size] = _eviction_key(t, n, policy)
-            t.heap_node[size] = n
-            t.heap_ver[size] = t.version[n]
+    t.ints[HEAP_SIZE] = 0
+    if policy == NO_EVICTION:
+        return
+    for n in range(1, len(t.nodes)):
+        if t.nodes[n, VERSION] >= 0 and _is_evictable_leaf(t, n):
+            t.heap_keys[size, 0], t.heap_keys[size, 1] = _eviction_key(t, n, policy)
+            t.heap_refs[size, ENTRY_NODE] = n
+            t.heap_refs[size, ENTRY_VERSION] = t.nodes[n, VERSION]
             size += 1
     t.ints[HEAP_SIZE] = size
     for i in range(size // 2 - 1, -1, -1):
         _sift_down(t, i)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _refresh(t: Tree, n: int, policy: int) -> None:
     """The node's key or evictability changed: retire its heap entry, push a new one if due."""
     if n == ROOT:
         return
-    t.ints[VERSION] += 1
-    t.version[n] = t.ints[VERSION]
-    if _is_evictable_leaf(t, n):
+    t.ints[LAST_VERSION] += 1
+    t.nodes[n, VERSION] = t.ints[LAST_VERSION]
+    if policy != NO_EVICTION and _is_evictable_leaf(t, n):
         _push(t, n, policy)
 
 
 @njit(cache=True)
 def _pop_leaf(t: Tree) -> int:
     while t.ints[HEAP_SIZE] > 0:
-        n, ver = t.heap_node[0], t.heap_ver[0]
+        n, ver = t.heap_refs[0, ENTRY_NODE], t.heap_refs[0, ENTRY_VERSION]
         last = t.ints[HEAP_SIZE] - 1
-        _swap(t, 0, last)
+        _swap(t, np.int64(0), last)
         t.ints[HEAP_SIZE] = last
-        _sift_down(t, 0)
-        if t.version[n] == ver:
+        _sift_down(t, np.int64(0))
+        if t.nodes[n, VERSION] == ver:
             return n
     return -1
 
 
 # -- tree operations ------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: int) -> int:
-    start, limit = t.key_start[n], min(t.key_len[n], end - off)
+    start, limit = t.nodes[n, KEY_START], min(t.nodes[n, KEY_LEN], end - off)
     common = 0
     while common < limit and t.arena[start + common] == tokens[off + common]:
         common += 1
@@ -356,18 +354,23 @@ def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
     """Cut ``child`` after ``split_len`` tokens; the new parent inherits its stats and slot."""
     slot = _slot_of(t, child, ps)
     new = _new_node(
-        t, t.parent[child], t.namespace[child], t.key_start[child], split_len, t.priority[child]
+        t,
+        t.nodes[child, PARENT],
+        t.nodes[child, NAMESPACE],
+        t.nodes[child, KEY_START],
+        split_len,
+        t.nodes[child, PRIORITY_],
     )
-    t.creation[new] = t.creation[child]
-    t.hit_count[new] = t.hit_count[child]
-    t.lock_ref[new] = t.lock_ref[child]
-    t.n_children[new] = 1
-    t.ht_node[slot] = new
-    t.key_start[child] += split_len
-    t.key_len[child] -= split_len
-    t.parent[child] = new
+    t.times[new, CREATION] = t.times[child, CREATION]
+    t.nodes[new, HIT_COUNT] = t.nodes[child, HIT_COUNT]
+    t.nodes[new, LOCK_REF] = t.nodes[child, LOCK_REF]
+    t.nodes[new, N_CHILDREN] = 1
+    t.table[slot, SLOT_NODE] = new
+    t.nodes[child, KEY_START] += split_len
+    t.nodes[child, KEY_LEN] -= split_len
+    t.nodes[child, PARENT] = new
     _add_child(t, child, ps)
-    t.last_access[child] = _tick(t)
+    t.times[child, LAST_ACCESS] = _tick(t)
     t.ints[SPLITS] += 1
     _refresh(t, new, policy)
     _refresh(t, child, policy)
@@ -380,13 +383,13 @@ def _match(t: Tree, tokens: np.ndarray, length: int, ns: int, ps: int, policy: i
     length = length // ps * ps
     if length == 0:
         return 0, ROOT
-    node, matched = ROOT, 0
+    node, matched = np.int64(ROOT), np.int64(0)  # typed ints: one compiled version
     while matched < length:
         child = _find_child(t, node, ns, tokens, matched, ps)
         if child < 0:
             break
         common = _common_pages(t, child, tokens, matched, length, ps)
-        diverged = common < t.key_len[child]
+        diverged = common < t.nodes[child, KEY_LEN]
         if diverged:
             child = _split(t, child, common, ps, policy)
         matched += common
@@ -396,10 +399,10 @@ def _match(t: Tree, tokens: np.ndarray, length: int, ns: int, ps: int, policy: i
     stamp = _tick(t)
     n = node
     while n >= 0:
-        t.last_access[n] = stamp
+        t.times[n, LAST_ACCESS] = stamp
         stamp -= ANCESTOR_STAMP_STEP
         _refresh(t, n, policy)
-        n = t.parent[n]
+        n = t.nodes[n, PARENT]
     return matched, node
 
 
@@ -416,23 +419,26 @@ def _insert(
     policy: int,
 ):
     """Insert tokens[:length] (page-aligned); returns (last node, duplicates, new leaf tokens)."""
-    t.last_access[ROOT] = _tick(t)
-    t.priority[ROOT] = max(t.priority[ROOT], priority)
-    node, matched, duplicates = ROOT, 0, 0
+    t.times[ROOT, LAST_ACCESS] = _tick(t)
+    t.nodes[ROOT, PRIORITY_] = max(t.nodes[ROOT, PRIORITY_], priority)
+    node, matched, duplicates = np.int64(ROOT), np.int64(0), np.int64(0)
     while matched < length:
         child = _find_child(t, node, ns, tokens, matched, ps)
         if child < 0:
             break
-        t.last_access[child] = _tick(t)
-        common = _common_pages(t, child, tokens, matched, length, ps)
-        diverged = common < t.key_len[child]
+        t.times[child, LAST_ACCESS] = _tick(t)
+        if matched + t.nodes[child, KEY_LEN] <= prev_prefix_len:
+            common = t.nodes[child, KEY_LEN]  # the caller's own locked path: no need to compare
+        else:
+            common = _common_pages(t, child, tokens, matched, length, ps)
+        diverged = common < t.nodes[child, KEY_LEN]
         if diverged:
             child = _split(t, child, common, ps, policy)
-        t.priority[child] = max(t.priority[child], priority)
+        t.nodes[child, PRIORITY_] = max(t.nodes[child, PRIORITY_], priority)
         duplicates += common - min(common, max(0, prev_prefix_len - matched))
         matched += common
         if matched > inserted_len:
-            t.hit_count[child] += 1
+            t.nodes[child, HIT_COUNT] += 1
         _refresh(t, child, policy)
         node = child
         if diverged:
@@ -444,11 +450,11 @@ def _insert(
     t.arena[top : top + new_len] = tokens[matched:length]
     t.ints[ARENA_TOP] = top + new_len
     leaf = _new_node(t, node, ns, top, new_len, priority)
-    t.n_children[node] += 1
+    t.nodes[node, N_CHILDREN] += 1
     _add_child(t, leaf, ps)
     t.ints[EVICTABLE] += new_len
     if length > inserted_len:
-        t.hit_count[leaf] += 1
+        t.nodes[leaf, HIT_COUNT] += 1
     _refresh(t, leaf, policy)
     _refresh(t, node, policy)
     return leaf, duplicates, new_len
@@ -457,25 +463,25 @@ def _insert(
 @njit(cache=True)
 def _lock(t: Tree, n: int, policy: int) -> None:
     while n != ROOT:
-        if t.lock_ref[n] == 0:
-            t.ints[EVICTABLE] -= t.key_len[n]
-            t.ints[PROTECTED] += t.key_len[n]
-            t.lock_ref[n] = 1
+        if t.nodes[n, LOCK_REF] == 0:
+            t.ints[EVICTABLE] -= t.nodes[n, KEY_LEN]
+            t.ints[PROTECTED] += t.nodes[n, KEY_LEN]
+            t.nodes[n, LOCK_REF] = 1
             _refresh(t, n, policy)
         else:
-            t.lock_ref[n] += 1
-        n = t.parent[n]
+            t.nodes[n, LOCK_REF] += 1
+        n = t.nodes[n, PARENT]
 
 
 @njit(cache=True)
 def _unlock(t: Tree, n: int, policy: int) -> None:
     while n != ROOT:
-        t.lock_ref[n] -= 1
-        if t.lock_ref[n] == 0:
-            t.ints[EVICTABLE] += t.key_len[n]
-            t.ints[PROTECTED] -= t.key_len[n]
+        t.nodes[n, LOCK_REF] -= 1
+        if t.nodes[n, LOCK_REF] == 0:
+            t.ints[EVICTABLE] += t.nodes[n, KEY_LEN]
+            t.ints[PROTECTED] -= t.nodes[n, KEY_LEN]
             _refresh(t, n, policy)
-        n = t.parent[n]
+        n = t.nodes[n, PARENT]
 
 
 @njit(cache=True)
@@ -487,10 +493,10 @@ def _evict_to(t: Tree, need: int, bounded: bool, ps: int, policy: int) -> None:
         leaf = _pop_leaf(t)
         if leaf < 0:
             return
-        parent = t.parent[leaf]
-        t.ht_node[_slot_of(t, leaf, ps)] = TOMB
-        t.n_children[parent] -= 1
-        size = t.key_len[leaf]
+        parent = t.nodes[leaf, PARENT]
+        t.table[_slot_of(t, leaf, ps), SLOT_NODE] = TOMB
+        t.nodes[parent, N_CHILDREN] -= 1
+        size = t.nodes[leaf, KEY_LEN]
         t.ints[EVICTABLE] -= size
         t.ints[POOL_FREE] += size
         t.ints[EVICTED] += size
@@ -498,7 +504,7 @@ def _evict_to(t: Tree, need: int, bounded: bool, ps: int, policy: int) -> None:
         _refresh(t, parent, policy)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _take(t: Tree, tokens: int, bounded: bool) -> None:
     if bounded:
         t.ints[POOL_FREE] -= tokens
@@ -523,12 +529,12 @@ def _checkpoint(
         return node, protected, inserted, 0
     length = up_to // ps * ps
     last, duplicates, new_tokens = _insert(
-        t, tokens, length, ns, protected, inserted, 0, ps, policy
+        t, tokens, length, ns, protected, inserted, np.int64(0), ps, policy
     )
     _take(t, -duplicates, bounded)
     prompt_pages = prompt_len // ps * ps
     if 0 < prompt_pages < length:
-        _insert(t, tokens, prompt_pages, ns, prompt_pages, prompt_pages, 1, ps, policy)
+        _insert(t, tokens, prompt_pages, ns, prompt_pages, prompt_pages, np.int64(1), ps, policy)
     _unlock(t, node, policy)
     _lock(t, last, policy)
     return last, length, max(inserted, length), new_tokens
@@ -552,7 +558,7 @@ def _decode(t: Tree, start: int, steps: int, bounded: bool, ps: int, policy: int
     if ps == 1:
         left = steps
         while left > 0:
-            _evict_to(t, 1, bounded, ps, policy)
+            _evict_to(t, np.int64(1), bounded, ps, policy)
             run = min(left, t.ints[POOL_FREE])
             t.ints[POOL_FREE] -= run
             left -= run
@@ -567,7 +573,7 @@ def _decode(t: Tree, start: int, steps: int, bounded: bool, ps: int, policy: int
             cur = min(end, (cur // ps + 1) * ps)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _nodes_needed(prompt_len: int, chunk: int) -> int:
     chunks = prompt_len // chunk + 2 if chunk > 0 else 1
     return 2 + 3 * (chunks + 2)
@@ -623,7 +629,7 @@ def replay_sequential(
         matched, node = _match(t, buf, prompt_len - 1, ns, ps, policy)
         hit[i] = matched
         _lock(t, node, policy)
-        protected, inserted, new_tokens = matched, 0, 0
+        protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
         start, is_first = matched, True
         while True:  # prefill chunks (PrefillAdder)
             remaining = prompt_len - start
@@ -664,39 +670,43 @@ def replay_sequential(
 def _compact_arena(t: Tree, old_arena: np.ndarray) -> None:
     """Copy every live node's tokens from ``old_arena`` into ``t.arena``, back to back."""
     top = 0
-    for n in range(1, len(t.parent)):
-        if t.version[n] >= 0:
-            length = t.key_len[n]
-            start = t.key_start[n]
+    for n in range(1, len(t.nodes)):
+        if t.nodes[n, VERSION] >= 0:
+            length = t.nodes[n, KEY_LEN]
+            start = t.nodes[n, KEY_START]
             t.arena[top : top + length] = old_arena[start : start + length]
-            t.key_start[n] = top
+            t.nodes[n, KEY_START] = top
             top += length
     t.ints[ARENA_TOP] = top
 
 
-def replay(config: SglangConfig, workload: Workload) -> dict[str, np.ndarray]:
-    """Sequential replay; the per-request hit and counters."""
-    ps, policy = config.page_size, POLICY_CODES[config.eviction_policy]
+def replay(config: SglangConfig, workload: Workload) -> tuple[dict[str, np.ndarray], Tree]:
+    """Sequential replay: the per-request hit and counters, and the final tree."""
     bounded = config.capacity_tokens is not None
+    ps = config.page_size
+    policy = POLICY_CODES[config.eviction_policy] if bounded else NO_EVICTION
     capacity_pages = (config.capacity_tokens or 0) // ps
     n = workload.n_requests
     out = {name: np.zeros(n, np.int64) for name in ("hit", *COUNTERS)}
     lengths = workload.prompt_lengths + workload.output_lengths
     longest = int(lengths.max()) if n else 0
-    tree = new_tree(1024, 4 * longest + 1024, capacity_pages * ps)
+    tree = new_tree(INITIAL_ROWS, 4 * longest + 1024, capacity_pages * ps)
     buf = np.zeros(longest, np.int32)
+    inputs = (  # one dtype and layout each, so that the kernel compiles once
+        np.ascontiguousarray(workload.prompt_tokens, np.int32),
+        np.ascontiguousarray(workload.prompt_offsets, np.int64),
+        np.ascontiguousarray(workload.output_tokens, np.int32),
+        np.ascontiguousarray(workload.output_offsets, np.int64),
+        np.ascontiguousarray(workload.namespace, np.int64),
+        np.ascontiguousarray(workload.stop_finish, np.bool_),
+    )
     refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
     chunk = config.chunked_prefill_size
     first = 0
     while first < n:
         first = replay_sequential(
             tree,
-            workload.prompt_tokens,
-            workload.prompt_offsets,
-            workload.output_tokens,
-            workload.output_offsets,
-            workload.namespace,
-            workload.stop_finish,
+            *inputs,
             first,
             bounded,
             capacity_pages,
@@ -709,7 +719,7 @@ def replay(config: SglangConfig, workload: Workload) -> dict[str, np.ndarray]:
             buf,
         )
         if first < n:  # grow the rows or the arena, then resume at request ``first``
-            rows = len(tree.parent)
+            rows = len(tree.nodes)
             if tree.ints[FREE_TOP] < _nodes_needed(int(workload.prompt_lengths[first]), chunk):
                 rows *= 2
             live = int(tree.ints[EVICTABLE] + tree.ints[PROTECTED])
@@ -717,7 +727,4 @@ def replay(config: SglangConfig, workload: Workload) -> dict[str, np.ndarray]:
             if 2 * (live + int(lengths[first])) > arena:
                 arena = 2 * (live + int(lengths[first]))
             tree = grown(tree, rows, arena, ps, policy)
-    return out
-
-
-COUNTERS = ("evicted_tokens", "inserted_tokens", "node_splits", "rejected")
+    return out, tree

@@ -126,6 +126,8 @@ class ReferenceReplay:
         self.pool = KvPool(self.tree, config)
         self.refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
         self.scheduling_passes = 0
+        self.prompt_lengths = workload.prompt_lengths.tolist()
+        self.output_lengths = workload.output_lengths.tolist()
         n = workload.n_requests
         self.hit = np.zeros(n, np.int64)
         self.evicted = np.zeros(n, np.int64)
@@ -138,10 +140,10 @@ class ReferenceReplay:
         return np.concatenate([self.workload.prompt(i), self.workload.output(i)])
 
     def _steps(self, i: int) -> int:
-        return kv_steps(int(self.workload.output_lengths[i]), bool(self.workload.stop_finish[i]))
+        return kv_steps(self.output_lengths[i], bool(self.workload.stop_finish[i]))
 
     def _reject_if_too_big(self, i: int) -> bool:
-        if never_fits(int(self.workload.prompt_lengths[i]), self._steps(i), self.config):
+        if never_fits(self.prompt_lengths[i], self._steps(i), self.config):
             self.rejected[i] = 1
             return True
         return False

@@ -34,10 +34,12 @@ class Node:
         "namespace",
         "parent",
         "priority",
+        "size",
     )
 
     def __init__(self, key: np.ndarray, namespace: int, parent: Node | None, priority: int) -> None:
         self.key = key
+        self.size = len(key)  # tokens, which is also its KV slots
         self.namespace = namespace
         self.parent = parent
         self.children: dict[Hashable, Node] = {}
@@ -46,9 +48,6 @@ class Node:
         self.priority = priority
         self.last_access_time = 0.0
         self.creation_time = 0.0
-
-    def __len__(self) -> int:
-        return len(self.key)
 
 
 @dataclass(frozen=True)
@@ -142,7 +141,7 @@ class RadixTree:
             if touch:
                 child.last_access_time = self._tick()
             common = self._match_len(child.key, tokens[matched:])
-            diverged = common < len(child)
+            diverged = common < child.size
             if diverged:
                 child = self._split(child, common)
             path.append(child)
@@ -161,6 +160,7 @@ class RadixTree:
         new.hit_count = child.hit_count
         new.lock_ref = child.lock_ref
         child.key = child.key[split_len:]
+        child.size = len(child.key)
         child.parent = new
         new.children[self._child_key(child.namespace, child.key)] = child
         parent.children[self._child_key(new.namespace, new.key)] = new
@@ -205,8 +205,8 @@ class RadixTree:
         total = duplicates = 0
         for node in path:
             node.priority = max(node.priority, priority)
-            duplicates += len(node) - min(len(node), max(0, prev_prefix_len - total))
-            total += len(node)
+            duplicates += node.size - min(node.size, max(0, prev_prefix_len - total))
+            total += node.size
             if total > inserted_len:
                 node.hit_count += 1
         last = path[-1] if path else self.root
@@ -214,19 +214,19 @@ class RadixTree:
             return InsertResult(matched, last, duplicates, 0)
         leaf = self._new_node(tokens[matched:].copy(), namespace, last, priority)
         last.children[self._child_key(namespace, leaf.key)] = leaf
-        self.evictable_size += len(leaf)
+        self.evictable_size += leaf.size
         self._refresh_leaf(leaf)
         self._refresh_leaf(last)
         if len(tokens) > inserted_len:
             leaf.hit_count += 1
-        return InsertResult(matched, leaf, duplicates, len(leaf))
+        return InsertResult(matched, leaf, duplicates, leaf.size)
 
     def lock(self, node: Node) -> None:
         """A running request pins its path: nothing on it can be evicted."""
         while node is not self.root:
             if node.lock_ref == 0:
-                self.evictable_size -= len(node)
-                self.protected_size += len(node)
+                self.evictable_size -= node.size
+                self.protected_size += node.size
             node.lock_ref += 1
             self.evictable_leaves.discard(node)
             assert node.parent is not None
@@ -235,8 +235,8 @@ class RadixTree:
     def unlock(self, node: Node) -> None:
         while node is not self.root:
             if node.lock_ref == 1:
-                self.evictable_size += len(node)
-                self.protected_size -= len(node)
+                self.evictable_size += node.size
+                self.protected_size -= node.size
             node.lock_ref -= 1
             self._refresh_leaf(node)
             assert node.parent is not None
@@ -257,8 +257,8 @@ class RadixTree:
             assert parent is not None
             del parent.children[self._child_key(victim.namespace, victim.key)]
             self.evictable_leaves.discard(victim)
-            self.evictable_size -= len(victim)
-            on_free(len(victim))
+            self.evictable_size -= victim.size
+            on_free(victim.size)
             self._refresh_leaf(parent)
             if parent in self.evictable_leaves:
                 heapq.heappush(heap, (*self.eviction_key(parent), id(parent), parent))

@@ -63,7 +63,7 @@ class SglangRadixCache:
             raise ValueError("a time_model replay needs Workload.arrival_s")
         sequential = config.max_in_flight == 1 and config.time_model is None
         if self.engine == "fast" and sequential:
-            out = _sglang_kernel.replay(config, workload)
+            out, _ = _sglang_kernel.replay(config, workload)
             return _result(workload, out.pop("hit"), out)
         replay = ReferenceReplay(config, workload)
         if config.time_model is not None:

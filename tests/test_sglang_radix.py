@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cache_models import _sglang_kernel
 from cache_models.config import SGLANG_EVICTION_POLICIES, SglangConfig, TimeModel
 from cache_models.result import ReplayResult
 from cache_models.sglang_radix import SglangRadixCache
@@ -338,3 +339,26 @@ def test_concurrent_replays_fit_and_never_beat_sequential_unbounded(
         tree = np.cumsum(result.counters["inserted_tokens"] - result.counters["evicted_tokens"])
         assert tree.min() >= 0
     assert runs[0].hit_tokens.sum() < ceiling.sum()
+
+
+# -- the compiled kernel ---------------------------------------------------------------------------
+@pytest.mark.parametrize("capacity", [None, 300])
+@pytest.mark.parametrize(("page_size", "chunk"), [(1, 0), (1, 5), (4, 10)])
+def test_fast_engine_grows_its_arrays_without_changing_a_hit(
+    monkeypatch: pytest.MonkeyPatch, capacity: int | None, page_size: int, chunk: int
+) -> None:
+    workload = random_tokens_workload(23, 200)
+    config = {"page_size": page_size, "capacity_tokens": capacity, "chunked_prefill_size": chunk}
+    monkeypatch.setattr(_sglang_kernel, "INITIAL_ROWS", 16)
+    _, tree = _sglang_kernel.replay(SglangConfig(**config), workload)
+    assert len(tree.nodes) > 16
+    assert_same(replay(workload, "fast", **config), replay(workload, "reference", **config))
+
+
+def test_fast_engine_memory_follows_the_pool_not_the_log() -> None:
+    workload = random_tokens_workload(29, 3000)
+    capacity = 2 * largest_request(workload)
+    out, tree = _sglang_kernel.replay(SglangConfig(capacity_tokens=capacity), workload)
+    assert out["evicted_tokens"].sum() > 10 * capacity
+    assert len(tree.nodes) == _sglang_kernel.INITIAL_ROWS
+    assert len(tree.arena) <= max(4 * largest_request(workload) + 1024, 4 * capacity)
