@@ -20,7 +20,7 @@ from cache_models.config import SglangConfig
 from cache_models.workload import Workload
 
 POLICY_CODES = {"lru": 0, "lfu": 1, "fifo": 2, "mru": 3, "filo": 4, "priority": 5, "slru": 6}
-LRU, LFU, FIFO, MRU, FILO, PRIORITY, SLRU = range(7)
+LRU, LFU, FIFO, MRU, FILO, BY_PRIORITY, SLRU = range(7)
 NO_EVICTION = -1  # an unbounded pool: no eviction heap at all
 SLRU_PROTECTED_HITS = 2
 ANCESTOR_STAMP_STEP = 0.00001
@@ -31,9 +31,7 @@ INITIAL_ROWS = 1024
 COUNTERS = ("evicted_tokens", "inserted_tokens", "node_splits", "rejected")
 
 # Columns of Tree.nodes. VERSION is the node's current heap version, -1 for an unused row.
-PARENT, N_CHILDREN, KEY_START, KEY_LEN, NAMESPACE, LOCK_REF, HIT_COUNT, PRIORITY_, VERSION = range(
-    9
-)
+PARENT, N_CHILDREN, KEY_START, KEY_LEN, NAMESPACE, LOCK_REF, HIT_COUNT, PRIORITY, VERSION = range(9)
 N_NODE_COLUMNS = 9
 # Columns of Tree.times (SGLang's logical clock).
 LAST_ACCESS, CREATION = 0, 1
@@ -78,7 +76,7 @@ def new_tree(n_rows: int, arena_tokens: int, pool_tokens: int) -> Tree:
     tree.nodes[:, VERSION] = -1
     tree.nodes[ROOT, PARENT] = -1
     tree.nodes[ROOT, LOCK_REF] = 1
-    tree.nodes[ROOT, PRIORITY_] = ROOT_PRIORITY
+    tree.nodes[ROOT, PRIORITY] = ROOT_PRIORITY
     tree.nodes[ROOT, VERSION] = 0
     tree.ints[FREE_TOP] = n_rows - 1  # free_ids[:FREE_TOP] are free; the root is the last
     tree.ints[POOL_FREE] = pool_tokens
@@ -124,7 +122,7 @@ def _new_node(t: Tree, parent: int, ns: int, start: int, length: int, priority: 
     t.nodes[n, NAMESPACE] = ns
     t.nodes[n, LOCK_REF] = 0
     t.nodes[n, HIT_COUNT] = 0
-    t.nodes[n, PRIORITY_] = priority
+    t.nodes[n, PRIORITY] = priority
     t.times[n, LAST_ACCESS] = _tick(t)
     t.times[n, CREATION] = _tick(t)
     t.nodes[n, VERSION] = 0
@@ -267,8 +265,8 @@ def _eviction_key(t: Tree, n: int, policy: int) -> tuple[float, float]:
         return -lat, lat
     if policy == FILO:
         return -t.times[n, CREATION], lat
-    if policy == PRIORITY:
-        return float(t.nodes[n, PRIORITY_]), lat
+    if policy == BY_PRIORITY:
+        return float(t.nodes[n, PRIORITY]), lat
     if policy == SLRU:
         return (1.0 if t.nodes[n, HIT_COUNT] >= SLRU_PROTECTED_HITS else 0.0), lat
     return lat, lat
@@ -359,7 +357,7 @@ def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
         t.nodes[child, NAMESPACE],
         t.nodes[child, KEY_START],
         split_len,
-        t.nodes[child, PRIORITY_],
+        t.nodes[child, PRIORITY],
     )
     t.times[new, CREATION] = t.times[child, CREATION]
     t.nodes[new, HIT_COUNT] = t.nodes[child, HIT_COUNT]
@@ -420,7 +418,7 @@ def _insert(
 ):
     """Insert tokens[:length] (page-aligned); returns (last node, duplicates, new leaf tokens)."""
     t.times[ROOT, LAST_ACCESS] = _tick(t)
-    t.nodes[ROOT, PRIORITY_] = max(t.nodes[ROOT, PRIORITY_], priority)
+    t.nodes[ROOT, PRIORITY] = max(t.nodes[ROOT, PRIORITY], priority)
     node, matched, duplicates = np.int64(ROOT), np.int64(0), np.int64(0)
     while matched < length:
         child = _find_child(t, node, ns, tokens, matched, ps)
@@ -434,7 +432,7 @@ def _insert(
         diverged = common < t.nodes[child, KEY_LEN]
         if diverged:
             child = _split(t, child, common, ps, policy)
-        t.nodes[child, PRIORITY_] = max(t.nodes[child, PRIORITY_], priority)
+        t.nodes[child, PRIORITY] = max(t.nodes[child, PRIORITY], priority)
         duplicates += common - min(common, max(0, prev_prefix_len - matched))
         matched += common
         if matched > inserted_len:

@@ -116,7 +116,7 @@ class Request:
 
 
 class ReferenceReplay:
-    """One replay of a workload; ``run`` returns the per-request arrays."""
+    """One replay of a workload: a ``run_*`` schedule fills the per-request arrays."""
 
     def __init__(self, config: SglangConfig, workload: Workload) -> None:
         self.config = config

@@ -50,17 +50,23 @@ SglangEngine = Literal["fast", "reference"]
 
 
 class SglangRadixCache:
-    """Replays workloads through SGLang's radix cache; ``engine="reference"`` runs the plain
-    Python model, ``"fast"`` (the default) the compiled kernel where it applies."""
+    """Replays workloads through SGLang's radix cache. ``engine="fast"`` (the default) runs
+    sequential replays in the compiled kernel; ``"reference"`` runs the plain Python model, which
+    also serves every concurrent or timed replay. Both give identical results."""
 
     def __init__(self, config: SglangConfig, engine: SglangEngine = "fast") -> None:
+        if engine not in ("fast", "reference"):
+            raise ValueError(f"unknown engine {engine!r}")
         self.config = config
         self.engine = engine
 
     def replay(self, workload: Workload) -> ReplayResult:
         config = self.config
-        if config.time_model is not None and workload.arrival_s is None:
-            raise ValueError("a time_model replay needs Workload.arrival_s")
+        if config.time_model is not None:
+            if workload.arrival_s is None:
+                raise ValueError("a time_model replay needs Workload.arrival_s")
+            if not np.isfinite(workload.arrival_s).all():
+                raise ValueError("arrival times must be finite")
         sequential = config.max_in_flight == 1 and config.time_model is None
         if self.engine == "fast" and sequential:
             out, _ = _sglang_kernel.replay(config, workload)

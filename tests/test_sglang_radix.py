@@ -362,3 +362,20 @@ def test_fast_engine_memory_follows_the_pool_not_the_log() -> None:
     assert out["evicted_tokens"].sum() > 10 * capacity
     assert len(tree.nodes) == _sglang_kernel.INITIAL_ROWS
     assert len(tree.arena) <= max(4 * largest_request(workload) + 1024, 4 * capacity)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_empty_workload_replays_to_nothing(engine: str) -> None:
+    result = replay(Workload.from_lists([]), engine, capacity_tokens=64)
+    assert len(result.hit_tokens) == 0 and result.total_hit_tokens == 0
+    assert result.metrics["sglang:prompt_tokens_total"] == 0
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="engine"):
+        SglangRadixCache(SglangConfig(), engine="gpu")  # type: ignore[arg-type]
+    timed = SglangRadixCache(SglangConfig(time_model=TimeModel()))
+    with pytest.raises(ValueError, match="arrival_s"):
+        timed.replay(Workload.from_lists([[1, 2]]))
+    with pytest.raises(ValueError, match="finite"):
+        timed.replay(Workload.from_lists([[1, 2], [1, 2]], arrival_s=[0.0, float("nan")]))
