@@ -172,40 +172,6 @@ def _slot(pool: Pool, key: int) -> int:
 
 
 @njit(cache=True)
-def _evict(pool: Pool, block: int) -> None:
-    """Drop this copy from the map (the key stays while another copy survives)."""
-    links, tab = pool.blocks, pool.tab
-    slot = _slot(pool, pool.key[block])
-    prev, nxt = links[block, DUP_PREV], links[block, DUP_NEXT]
-    if prev == NONE:
-        tab[slot, FIRST] = nxt
-    else:
-        links[prev, DUP_NEXT] = nxt
-    if nxt == NONE:
-        tab[slot, LAST] = prev
-    else:
-        links[nxt, DUP_PREV] = prev
-    if tab[slot, FIRST] != NONE:
-        return
-    # Backward-shift deletion: entries after the hole move back unless their home lies
-    # cyclically in (hole, j].
-    mask = len(tab) - 1
-    hole = slot
-    j = slot
-    while True:
-        j = (j + 1) & mask
-        if tab[j, FIRST] == NONE:
-            break
-        home = tab[j, KEY] & mask
-        if (hole < home <= j) if hole <= j else (hole < home or home <= j):
-            continue
-        for c in range(3):
-            tab[hole, c] = tab[j, c]
-        hole = j
-    tab[hole, FIRST] = NONE
-
-
-@njit(cache=True)
 def _unlink(pool: Pool, block: int) -> None:
     """Take a block out of the cached run of the free queue."""
     links = pool.blocks
@@ -225,9 +191,9 @@ def _unlink(pool: Pool, block: int) -> None:
 def add_blocks(
     pool: Pool, table: np.ndarray, start: int, stop: int, tally: np.ndarray, r: int
 ) -> None:
-    """Fill table[start:stop] from the queue head, evicting popped cached blocks (needs
-    ``reserve`` first)."""
-    st = pool.state
+    """Fill table[start:stop] from the queue head (needs ``reserve`` first); a cached block popped
+    from the FIFO is evicted: its copy leaves the map, and its key too if no copy is left."""
+    st, links, tab = pool.state, pool.blocks, pool.tab
     for i in range(start, stop):
         if st[STACK_LEN] > 0:
             st[STACK_LEN] -= 1
@@ -237,11 +203,46 @@ def add_blocks(
             st[NEXT_FRESH] += 1
         else:
             block = st[Q_HEAD]
-            _unlink(pool, block)
-            _evict(pool, block)
+            st[Q_HEAD] = links[block, Q_NEXT]
+            if st[Q_HEAD] == NONE:
+                st[Q_TAIL] = NONE
+            else:
+                links[st[Q_HEAD], Q_PREV] = NONE
+            st[Q_LEN] -= 1
             tally[EVICTED, r] += 1
-        pool.blocks[block, REF_CNT] = 1
+            slot = _slot(pool, pool.key[block])
+            prev, nxt = links[block, DUP_PREV], links[block, DUP_NEXT]
+            if prev == NONE:
+                tab[slot, FIRST] = nxt
+            else:
+                links[prev, DUP_NEXT] = nxt
+            if nxt == NONE:
+                tab[slot, LAST] = prev
+            else:
+                links[nxt, DUP_PREV] = prev
+            if tab[slot, FIRST] == NONE:
+                _delete_slot(tab, slot)
+        links[block, REF_CNT] = 1
         table[i] = block
+
+
+@njit(cache=True)
+def _delete_slot(tab: np.ndarray, hole: int) -> None:
+    """Linear probing's backward-shift deletion: entries after the hole move back unless their
+    home lies cyclically in (hole, j]."""
+    mask = len(tab) - 1
+    j = hole
+    while True:
+        j = (j + 1) & mask
+        if tab[j, FIRST] == NONE:
+            break
+        home = tab[j, KEY] & mask
+        if (hole < home <= j) if hole <= j else (hole < home or home <= j):
+            continue
+        for c in range(3):
+            tab[hole, c] = tab[j, c]
+        hole = j
+    tab[hole, FIRST] = NONE
 
 
 @njit(cache=True)
