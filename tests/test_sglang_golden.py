@@ -57,7 +57,9 @@ def disagreements(path: Path, engine: str) -> list[str]:
         c = result.counters
         tree_size = np.cumsum(c["inserted_tokens"] - c["evicted_tokens"]).tolist()
         hits = result.hit_tokens.tolist()
-        if hits != case["hits"] or tree_size != case["evictable"]:
+        if c["rejected"].any():  # SGLang served every golden request
+            out.append(f"{path.name} {config}: rejected {np.flatnonzero(c['rejected']).tolist()}")
+        elif hits != case["hits"] or tree_size != case["evictable"]:
             i = next(
                 k
                 for k in range(len(hits))

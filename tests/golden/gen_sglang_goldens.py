@@ -1,6 +1,6 @@
 """Generate the SGLang golden files: per-request hits from SGLang 0.5.23's own code (the oracle).
 
-Run with the oracle's interpreter, from the repository root (about 10 minutes on two cores):
+Run with the oracle's interpreter, from the repository root (about 12 minutes on two idle cores):
 
     /work/oracle_envs/sglang/bin/python tests/golden/gen_sglang_goldens.py
 
