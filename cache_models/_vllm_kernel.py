@@ -27,6 +27,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+# The numpy error model drops the division-by-zero checks (block size and rates are validated
+# positive by the config), which makes the hot loops about 1.5x faster.
+jit = njit(cache=True, error_model="numpy")
+
 NONE = -1
 UNBOUNDED = 1 << 62  # the block limit of an unbounded cache
 P1 = np.uint64(0x9E3779B185EBCA87)
@@ -68,14 +72,14 @@ class Slots(NamedTuple):
 # ------------------------------------------------------------------------------------ keys
 
 
-@njit(cache=True)
+@jit
 def _fmix(h: np.uint64) -> np.uint64:
     h = (h ^ (h >> SHIFT)) * M1
     h = (h ^ (h >> SHIFT)) * M2
     return h ^ (h >> SHIFT)
 
 
-@njit(cache=True)
+@jit
 def _absorb(
     h: np.uint64,
     tokens: np.ndarray,
@@ -99,7 +103,7 @@ def _absorb(
     return h, filled, n_keys
 
 
-@njit(cache=True)
+@jit
 def request_keys(
     p_tok: np.ndarray,
     p_off: np.ndarray,
@@ -120,7 +124,7 @@ def request_keys(
 # ------------------------------------------------------------------------------------ the pool
 
 
-@njit(cache=True)
+@jit
 def new_pool(limit: int, size: int) -> Pool:
     """Blocks 1..limit usable (block 0 is the null block); arrays for ``size`` block ids."""
     n_slots = 4
@@ -138,7 +142,7 @@ def new_pool(limit: int, size: int) -> Pool:
     return Pool(blocks, np.zeros(size, np.int64), np.zeros(size, np.int32), tab, state)
 
 
-@njit(cache=True)
+@jit
 def reserve(pool: Pool, n_new: int) -> Pool:
     """The pool with room for ``n_new`` more never-used blocks: arrays and map grow together."""
     size = len(pool.key)
@@ -161,7 +165,7 @@ def reserve(pool: Pool, n_new: int) -> Pool:
     return grown
 
 
-@njit(cache=True)
+@jit
 def _slot(pool: Pool, key: int) -> int:
     """The map slot holding ``key``, or else the empty slot where it would go."""
     mask = len(pool.tab) - 1
@@ -171,7 +175,7 @@ def _slot(pool: Pool, key: int) -> int:
     return i
 
 
-@njit(cache=True)
+@jit
 def _unlink(pool: Pool, block: int) -> None:
     """Take a block out of the cached run of the free queue."""
     links = pool.blocks
@@ -187,7 +191,7 @@ def _unlink(pool: Pool, block: int) -> None:
     pool.state[Q_LEN] -= 1
 
 
-@njit(cache=True)
+@jit
 def add_blocks(
     pool: Pool, table: np.ndarray, start: int, stop: int, tally: np.ndarray, r: int
 ) -> None:
@@ -226,7 +230,7 @@ def add_blocks(
         table[i] = block
 
 
-@njit(cache=True)
+@jit
 def _delete_slot(tab: np.ndarray, hole: int) -> None:
     """Linear probing's backward-shift deletion: entries after the hole move back unless their
     home lies cyclically in (hole, j]."""
@@ -245,7 +249,7 @@ def _delete_slot(tab: np.ndarray, hole: int) -> None:
     tab[hole, FIRST] = NONE
 
 
-@njit(cache=True)
+@jit
 def cache_blocks(
     pool: Pool,
     table: np.ndarray,
@@ -275,7 +279,7 @@ def cache_blocks(
         tally[INSERTED, r] += 1
 
 
-@njit(cache=True)
+@jit
 def lookup(pool: Pool, keys: np.ndarray, max_blocks: int, table: np.ndarray) -> int:
     """The hit: the oldest copies of the leading cached keys among the first ``max_blocks``,
     written to ``table``; returns their number."""
@@ -289,7 +293,7 @@ def lookup(pool: Pool, keys: np.ndarray, max_blocks: int, table: np.ndarray) -> 
     return k
 
 
-@njit(cache=True)
+@jit
 def can_allocate(pool: Pool, table: np.ndarray, n_hit: int, n_blocks: int) -> bool:
     """The admission gate: new blocks plus unreferenced hit blocks must all be free now."""
     evictable = 0
@@ -301,7 +305,7 @@ def can_allocate(pool: Pool, table: np.ndarray, n_hit: int, n_blocks: int) -> bo
     )
 
 
-@njit(cache=True)
+@jit
 def allocate(
     pool: Pool,
     table: np.ndarray,
@@ -329,7 +333,7 @@ def allocate(
 # ------------------------------------------------------------------------------------ running rows
 
 
-@njit(cache=True)
+@jit
 def new_slots(max_rows: int, width: int) -> Slots:
     rows = min(max_rows, 16)
     free = np.zeros(max_rows, np.int64)
@@ -346,7 +350,7 @@ def new_slots(max_rows: int, width: int) -> Slots:
     )
 
 
-@njit(cache=True)
+@jit
 def next_slot(slots: Slots) -> tuple[Slots, int]:
     """The row the next admission takes (rows are added when none is free)."""
     if slots.n_free[0] == 0:
@@ -368,7 +372,7 @@ def next_slot(slots: Slots) -> tuple[Slots, int]:
     return slots, slots.free[slots.n_free[0] - 1]
 
 
-@njit(cache=True)
+@jit
 def release(pool: Pool, slots: Slots, s: int) -> None:
     """vLLM's free of the request in row s, last block first: the uncached tail goes to the head
     of the queue (reused last block first), cached blocks that reach ref_cnt 0 to the FIFO's
@@ -395,7 +399,7 @@ def release(pool: Pool, slots: Slots, s: int) -> None:
     slots.n_free[0] += 1
 
 
-@njit(cache=True)
+@jit
 def append_slot(pool: Pool, slots: Slots, s: int, block_size: int, tally: np.ndarray) -> bool:
     """Decode: a slot for the last sampled token; False if that needs a block and none is free
     (needs ``reserve`` first)."""
@@ -416,7 +420,7 @@ def append_slot(pool: Pool, slots: Slots, s: int, block_size: int, tally: np.nda
 # ------------------------------------------------------------------------------------ replays
 
 
-@njit(cache=True)
+@jit
 def replay_lock_step(
     p_tok: np.ndarray,
     p_off: np.ndarray,
@@ -527,7 +531,7 @@ def replay_lock_step(
                 release(pool, slots, s)
 
 
-@njit(cache=True)
+@jit
 def replay_in_time(
     p_tok: np.ndarray,
     p_off: np.ndarray,
@@ -609,7 +613,7 @@ def replay_in_time(
             admissions += 1
 
 
-@njit(cache=True)
+@jit
 def _heap_push(
     time: np.ndarray,
     order: np.ndarray,
@@ -630,7 +634,7 @@ def _heap_push(
     time[i], order[i], row[i] = t, o, s
 
 
-@njit(cache=True)
+@jit
 def _heap_pop(time: np.ndarray, order: np.ndarray, row: np.ndarray, size: int) -> None:
     """Drop the top; ``size`` entries remain (the last one sifts down from the top)."""
     t, o, s = time[size], order[size], row[size]
