@@ -137,7 +137,7 @@ def _free_node(t: Tree, n: int) -> None:
 
 
 # -- child map ------------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
     h = np.int64(_FNV_OFFSET)
     h = (h ^ np.int64(parent)) * np.int64(_FNV_PRIME)
@@ -147,14 +147,14 @@ def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: in
     return h ^ (h >> np.int64(29))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _node_hash(t: Tree, n: int, page_size: int) -> int:
     return _page_hash(
         t.nodes[n, PARENT], t.nodes[n, NAMESPACE], t.arena, t.nodes[n, KEY_START], page_size
     )
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _find_child(t: Tree, parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
     h = _page_hash(parent, ns, tokens, off, page_size)
     mask = len(t.table) - 1
@@ -313,7 +313,7 @@ def _rebuild_heap(t: Tree, policy: int) -> None:
         _sift_down(t, i)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _refresh(t: Tree, n: int, policy: int) -> None:
     """The node's key or evictability changed: retire its heap entry, push a new one if due."""
     if n == ROOT:
@@ -338,7 +338,7 @@ def _pop_leaf(t: Tree) -> int:
 
 
 # -- tree operations ------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: int) -> int:
     start, limit = t.nodes[n, KEY_START], min(t.nodes[n, KEY_LEN], end - off)
     common = 0

@@ -13,6 +13,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -294,7 +295,7 @@ class ReferenceReplay:
         """Admit FCFS from the head of the queue; prefill the admitted ones in order."""
         if not waiting or len(running) >= k:
             return False
-        self.touch_waiting(list(waiting))
+        self.touch_waiting(list(islice(waiting, WAITING_PREFIX_REFRESH_MAX)))
         batch: list[Request] = []
         while waiting and len(running) + len(batch) < k:
             req = self._admit_charged(waiting[0], running + batch)
@@ -358,7 +359,7 @@ class ReferenceReplay:
                 action()
                 push(lifecycle)
             if waiting and len(running) < k:
-                self.touch_waiting(list(waiting))
+                self.touch_waiting(list(islice(waiting, WAITING_PREFIX_REFRESH_MAX)))
                 while waiting and len(running) < k:
                     req = self._admit_charged(waiting[0], running)
                     if req is None:
