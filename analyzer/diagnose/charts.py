@@ -59,7 +59,7 @@ def line_chart(
                 f'stroke="{color}" stroke-width="2"><title>{escape(s.marker_name)} '
                 f"{_short(x)}: {y:.1%}</title></circle>"
             )
-    parts.append(_legend([(s.name, c) for s, c in zip(series, colors, strict=True)]))
+    parts.append(_legend([(s.name, c, s.dashed) for s, c in zip(series, colors, strict=True)]))
     return _svg(parts)
 
 
@@ -82,7 +82,7 @@ def bar_chart(categories: list[str], groups: dict[str, list[float | None]], y_la
                 f'height="{_py(0) - _py(value):.1f}" fill="{COLORS[s % len(COLORS)]}">'
                 f"<title>{escape(category)}: {value:.1%}</title></rect>"
             )
-    parts.append(_legend([(name, COLORS[i % len(COLORS)]) for i, name in enumerate(groups)]))
+    parts.append(_legend([(name, COLORS[i % len(COLORS)], False) for i, name in enumerate(groups)]))
     return _svg(parts)
 
 
@@ -105,7 +105,7 @@ def stacked_bars(rows: dict[str, list[tuple[str, float]]]) -> str:
                 f'fill="{color}"><title>{escape(name)}: {share:.1%}</title></rect>'
             )
             x += width
-    legend = [(name, COLORS[i % len(COLORS)]) for i, name in enumerate(names)]
+    legend = [(name, COLORS[i % len(COLORS)], False) for i, name in enumerate(names)]
     parts.append(_legend(legend, y=height - 30, x=110))
     return _svg(parts, height)
 
@@ -144,18 +144,23 @@ def _x_tick(x: float, label: str) -> str:
     )
 
 
-def _legend(items: list[tuple[str, str]], y: int = TOP + 4, x: int = LEFT + 10) -> str:
-    """Swatches and names left to right, wrapping to a new line at the right edge."""
+def _legend(items: list[tuple[str, str, bool]], y: int = TOP + 4, x: int = LEFT + 10) -> str:
+    """Swatches (a dashed line for a dashed series) and names left to right, wrapping to a new
+    line at the right edge."""
     parts = []
     start = x
-    for name, color in items:
+    for name, color, dashed in items:
         width = 24 + 7 * len(name)
         if x + width > WIDTH and x > start:
             x, y = start, y + 16
-        parts.append(
-            f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}"/>'
-            f'<text x="{x + 16}" y="{y + 10}" font-size="12">{escape(name)}</text>'
-        )
+        if dashed:
+            parts.append(
+                f'<line x1="{x}" y1="{y + 6}" x2="{x + 12}" y2="{y + 6}" stroke="{color}" '
+                'stroke-width="2" stroke-dasharray="4 2"/>'
+            )
+        else:
+            parts.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}"/>')
+        parts.append(f'<text x="{x + 16}" y="{y + 10}" font-size="12">{escape(name)}</text>')
         x += width
     return "".join(parts)
 
