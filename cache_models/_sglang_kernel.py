@@ -103,14 +103,14 @@ def grown(tree: Tree, n_rows: int, arena_tokens: int, page_size: int, policy: in
 
 
 # -- node rows -------------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _tick(t: Tree) -> float:
     now = t.ints[CLOCK]
     t.ints[CLOCK] = now + 1
     return float(now)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _new_node(t: Tree, parent: int, ns: int, start: int, length: int, priority: int) -> int:
     top = t.ints[FREE_TOP] - 1
     t.ints[FREE_TOP] = top
@@ -129,7 +129,7 @@ def _new_node(t: Tree, parent: int, ns: int, start: int, length: int, priority: 
     return n
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _free_node(t: Tree, n: int) -> None:
     t.nodes[n, VERSION] = -1
     t.free_ids[t.ints[FREE_TOP]] = n
@@ -137,7 +137,7 @@ def _free_node(t: Tree, n: int) -> None:
 
 
 # -- child map ------------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
     h = np.int64(_FNV_OFFSET)
     h = (h ^ np.int64(parent)) * np.int64(_FNV_PRIME)
@@ -147,14 +147,14 @@ def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: in
     return h ^ (h >> np.int64(29))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _node_hash(t: Tree, n: int, page_size: int) -> int:
     return _page_hash(
         t.nodes[n, PARENT], t.nodes[n, NAMESPACE], t.arena, t.nodes[n, KEY_START], page_size
     )
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _find_child(t: Tree, parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
     h = _page_hash(parent, ns, tokens, off, page_size)
     mask = len(t.table) - 1
@@ -180,7 +180,7 @@ def _find_child(t: Tree, parent: int, ns: int, tokens: np.ndarray, off: int, pag
         s = (s + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _slot_of(t: Tree, n: int, page_size: int) -> int:
     mask = len(t.table) - 1
     s = _node_hash(t, n, page_size) & mask
@@ -189,7 +189,7 @@ def _slot_of(t: Tree, n: int, page_size: int) -> int:
     return s
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _add_child(t: Tree, n: int, page_size: int) -> None:
     if 2 * (t.ints[TABLE_FILL] + 1) > len(t.table):
         _rehash(t, page_size)
@@ -204,7 +204,7 @@ def _add_child(t: Tree, n: int, page_size: int) -> None:
     t.table[s, SLOT_HASH] = h
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rehash(t: Tree, page_size: int) -> None:
     """Rebuild the child map without tombstones (same size)."""
     t.table[:, SLOT_NODE] = EMPTY
@@ -222,7 +222,7 @@ def _rehash(t: Tree, page_size: int) -> None:
 
 
 # -- eviction heap ---------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _less(t: Tree, a: int, b: int) -> bool:
     if t.heap_keys[a, 0] != t.heap_keys[b, 0]:
         return t.heap_keys[a, 0] < t.heap_keys[b, 0]
@@ -231,14 +231,14 @@ def _less(t: Tree, a: int, b: int) -> bool:
     return t.heap_refs[a, ENTRY_NODE] < t.heap_refs[b, ENTRY_NODE]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _swap(t: Tree, a: int, b: int) -> None:
     for c in range(2):
         t.heap_keys[a, c], t.heap_keys[b, c] = t.heap_keys[b, c], t.heap_keys[a, c]
         t.heap_refs[a, c], t.heap_refs[b, c] = t.heap_refs[b, c], t.heap_refs[a, c]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _sift_down(t: Tree, i: int) -> None:
     size = t.ints[HEAP_SIZE]
     while True:
@@ -253,7 +253,7 @@ def _sift_down(t: Tree, i: int) -> None:
         i = smallest
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _eviction_key(t: Tree, n: int, policy: int) -> tuple[float, float]:
     """The policy's sort key (evict_policy.py); ties fall back to the last access time."""
     lat = t.times[n, LAST_ACCESS]
@@ -272,12 +272,12 @@ def _eviction_key(t: Tree, n: int, policy: int) -> tuple[float, float]:
     return lat, lat
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _is_evictable_leaf(t: Tree, n: int) -> bool:
     return n != ROOT and t.nodes[n, LOCK_REF] == 0 and t.nodes[n, N_CHILDREN] == 0
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _push(t: Tree, n: int, policy: int) -> None:
     if t.ints[HEAP_SIZE] == len(t.heap_refs):
         _rebuild_heap(t, policy)
@@ -295,7 +295,7 @@ def _push(t: Tree, n: int, policy: int) -> None:
         i = up
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _rebuild_heap(t: Tree, policy: int) -> None:
     """Drop stale entries: one fresh entry per evictable leaf."""
     size = 0
@@ -313,7 +313,7 @@ def _rebuild_heap(t: Tree, policy: int) -> None:
         _sift_down(t, i)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _refresh(t: Tree, n: int, policy: int) -> None:
     """The node's key or evictability changed: retire its heap entry, push a new one if due."""
     if n == ROOT:
@@ -324,7 +324,7 @@ def _refresh(t: Tree, n: int, policy: int) -> None:
         _push(t, n, policy)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pop_leaf(t: Tree) -> int:
     while t.ints[HEAP_SIZE] > 0:
         n, ver = t.heap_refs[0, ENTRY_NODE], t.heap_refs[0, ENTRY_VERSION]
@@ -338,7 +338,7 @@ def _pop_leaf(t: Tree) -> int:
 
 
 # -- tree operations ------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: int) -> int:
     start, limit = t.nodes[n, KEY_START], min(t.nodes[n, KEY_LEN], end - off)
     common = 0
@@ -347,7 +347,7 @@ def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: i
     return common // ps * ps
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
     """Cut ``child`` after ``split_len`` tokens; the new parent inherits its stats and slot."""
     slot = _slot_of(t, child, ps)
@@ -375,7 +375,7 @@ def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
     return new
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _match(t: Tree, tokens: np.ndarray, length: int, ns: int, ps: int, policy: int):
     """Longest cached prefix of tokens[:length] in whole pages; stamps the path (match_prefix)."""
     length = length // ps * ps
@@ -404,7 +404,7 @@ def _match(t: Tree, tokens: np.ndarray, length: int, ns: int, ps: int, policy: i
     return matched, node
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _insert(
     t: Tree,
     tokens: np.ndarray,
@@ -458,7 +458,7 @@ def _insert(
     return leaf, duplicates, new_len
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _lock(t: Tree, n: int, policy: int) -> None:
     while n != ROOT:
         if t.nodes[n, LOCK_REF] == 0:
@@ -471,7 +471,7 @@ def _lock(t: Tree, n: int, policy: int) -> None:
         n = t.nodes[n, PARENT]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _unlock(t: Tree, n: int, policy: int) -> None:
     while n != ROOT:
         t.nodes[n, LOCK_REF] -= 1
@@ -482,7 +482,7 @@ def _unlock(t: Tree, n: int, policy: int) -> None:
         n = t.nodes[n, PARENT]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _evict_to(t: Tree, need: int, bounded: bool, ps: int, policy: int) -> None:
     """evict_to_free_tokens: delete leaves, lowest key first, until ``need`` tokens are free."""
     if not bounded:
@@ -502,13 +502,13 @@ def _evict_to(t: Tree, need: int, bounded: bool, ps: int, policy: int) -> None:
         _refresh(t, parent, policy)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _take(t: Tree, tokens: int, bounded: bool) -> None:
     if bounded:
         t.ints[POOL_FREE] -= tokens
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _checkpoint(
     t: Tree,
     tokens: np.ndarray,
@@ -538,7 +538,7 @@ def _checkpoint(
     return last, length, max(inserted, length), new_tokens
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _alloc_extend(t: Tree, start: int, end: int, bounded: bool, ps: int, policy: int) -> None:
     if ps == 1:
         _evict_to(t, end - start, bounded, ps, policy)
@@ -548,7 +548,7 @@ def _alloc_extend(t: Tree, start: int, end: int, bounded: bool, ps: int, policy:
         _take(t, ((end + ps - 1) // ps - (start + ps - 1) // ps) * ps, bounded)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _decode(t: Tree, start: int, steps: int, bounded: bool, ps: int, policy: int) -> None:
     """``steps`` decode allocations; only the steps after a page was taken can evict."""
     if not bounded or steps == 0:
@@ -571,13 +571,13 @@ def _decode(t: Tree, start: int, steps: int, bounded: bool, ps: int, policy: int
             cur = min(end, (cur // ps + 1) * ps)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", inline="always")
 def _nodes_needed(prompt_len: int, chunk: int) -> int:
     chunks = prompt_len // chunk + 2 if chunk > 0 else 1
     return 2 + 3 * (chunks + 2)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def replay_sequential(
     t: Tree,
     prompt_tokens: np.ndarray,
@@ -664,7 +664,7 @@ def replay_sequential(
     return n_requests
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _compact_arena(t: Tree, old_arena: np.ndarray) -> None:
     """Copy every live node's tokens from ``old_arena`` into ``t.arena``, back to back."""
     top = 0
