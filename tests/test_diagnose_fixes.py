@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -107,3 +109,12 @@ def test_select_requests_is_workload_select() -> None:
         assert getattr(mine, field).tolist() == getattr(theirs, field).tolist()
     assert mine.namespace.tolist() == [2, 0, 1, 0]
     assert mine.arrival_s is not None and mine.arrival_s.tolist() == [2, 3, 1, 3]
+
+
+def test_what_if_flags_the_engines_refuse() -> None:
+    context = context_for(Workload.from_lists([[1, 2, 3]], [[0]]), [])
+    small = replace(context, settings=ReplaySettings(capacity_tokens=32))
+    with pytest.raises(PrefixcheckError, match="at least one block"):
+        what_if_plan(small, "block-size=64")
+    with pytest.raises(PrefixcheckError, match="at least one block"):
+        what_if_plan(context, "capacity=8")

@@ -151,25 +151,26 @@ def salt_plan(context: Context) -> Plan:
 
 def settings_plan(context: Context, name: str, value: str) -> Plan:
     """A different engine flag: block-size, page-size, capacity or eviction-policy."""
-    settings = context.settings
+    label = f"{name}={value}"
+    change: dict[str, Any]
     try:
         if name == "block-size":
-            changed = replace(settings, block_size=_positive(value))
-            return Plan(f"{name}={value}", "block_size", context.workload, changed, ("vllm",))
-        if name == "page-size":
-            changed = replace(settings, page_size=_positive(value))
-            return Plan(f"{name}={value}", "block_size", context.workload, changed, ("sglang",))
-        if name == "capacity":
+            change, kind, engines = {"block_size": _positive(value)}, "block_size", ("vllm",)
+        elif name == "page-size":
+            change, kind, engines = {"page_size": _positive(value)}, "block_size", ("sglang",)
+        elif name == "capacity":
             unbounded = value.lower() in ("none", "unbounded", "inf")
-            capacity = None if unbounded else _positive(value)
-            changed = replace(settings, capacity_tokens=capacity)
-            return Plan(f"{name}={value}", "capacity", context.workload, changed)
-        if name == "eviction-policy" and value in SGLANG_EVICTION_POLICIES:
-            changed = replace(settings, eviction_policy=value)
-            return Plan(f"{name}={value}", "eviction", context.workload, changed, ("sglang",))
-    except ValueError:
-        pass
-    raise PrefixcheckError(f"--what-if {name}={value}: not a valid value")
+            change = {"capacity_tokens": None if unbounded else _positive(value)}
+            kind, engines = "capacity", ENGINES
+        elif name == "eviction-policy" and value in SGLANG_EVICTION_POLICIES:
+            change, kind, engines = {"eviction_policy": value}, "eviction", ("sglang",)
+        else:
+            raise ValueError(value)
+        settings = replace(context.settings, **change)
+        settings.vllm(), settings.sglang()  # the engines' own checks (a block fits the cache)
+    except ValueError as exc:
+        raise PrefixcheckError(f"--what-if {label}: not a valid value ({exc})") from None
+    return Plan(label, kind, context.workload, settings, engines)
 
 
 WHAT_IFS = (
