@@ -94,6 +94,10 @@ def test_what_if_names_and_combinations() -> None:
             what_if_plan(context, bad)
     with pytest.raises(PrefixcheckError):
         what_if_plan(context, "pad-prefixes+move-dynamic")
+    with pytest.raises(PrefixcheckError, match="no dynamic content"):
+        what_if_plan(context, "move-dynamic")
+    with pytest.raises(PrefixcheckError, match="no shared template"):
+        what_if_plan(context, "pad-prefixes")
     with pytest.raises(PrefixcheckError):
         settings_plan(context, "block-size", "-3")
     assert ReplaySettings().block_size == 16  # plans never change the caller's settings

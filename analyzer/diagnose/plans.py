@@ -229,8 +229,12 @@ def static_runs(workload: Workload, spans: Spans, n_sites: int) -> Moves:
 def _named_plan(context: Context, part: str) -> Plan:
     name, _, value = part.partition("=")
     if name == "pad-prefixes" and not value:
+        if not context.pad_targets:
+            raise PrefixcheckError("--what-if pad-prefixes: no shared template in this log")
         return pad_plan(context, context.pad_targets)
     if name == "move-dynamic" and not value:
+        if not context.sites:
+            raise PrefixcheckError("--what-if move-dynamic: no dynamic content in this log")
         return move_plan(context, list(range(len(context.sites))))
     if name == "no-salt" and not value:
         return salt_plan(context)
