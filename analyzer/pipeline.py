@@ -11,6 +11,7 @@ import polars as pl
 
 from analyzer.diagnose import diagnose_log
 from analyzer.diagnose.parts import PartsSource
+from analyzer.errors import PrefixcheckError
 from analyzer.ingest import IngestOptions, ingest
 from analyzer.loaders.mapped import FieldMap
 from analyzer.measure.estimate import prefill_estimate
@@ -91,6 +92,11 @@ def analyze(
     renderer = ingested.renderer
     workload = tokenized.workload
     models = model_labels(tokenized.requests["model"])
+    if options.settings.time_model is not None and workload.arrival_s is None:
+        raise PrefixcheckError(
+            "--replay-in-time needs an arrival time on every request (a timestamp field, or "
+            "--time-field)"
+        )
     order = arrival_order(workload)
     if order is None:
         replays = replay_by_model(workload, models, options.settings, progress)
@@ -126,7 +132,7 @@ def analyze(
         inputs=loaded.formats,
         tokenizer=tokenizer.description if tokenizer else None,
         chat_template=renderer.name if any(r.messages for r in loaded.records) else None,
-        replay_mode="sequential",
+        replay_mode=options.settings.mode,
         requests=workload.n_requests,
         prompt_tokens=int(workload.prompt_lengths.sum()),
         output_tokens=int(workload.output_lengths.sum()),

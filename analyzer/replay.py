@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from analyzer.progress import NoProgress, Progress
-from cache_models.config import SglangConfig, VllmConfig
+from cache_models.config import SglangConfig, TimeModel, VllmConfig
 from cache_models.prefix_trie import PrefixTrie, TrieNodes
 from cache_models.result import ReplayResult
 from cache_models.sglang_radix import SglangRadixCache
@@ -23,16 +23,42 @@ class ReplaySettings:
     page_size: int = 1
     capacity_tokens: int | None = None
     eviction_policy: str = "lru"
+    chunked_prefill_size: int = 0
+    # Requests in flight at once; 1 = sequential (each request finishes before the next).
+    max_in_flight: int = 1
+    # Replay in arrival time with this service-time model (needs timestamps); None = by order.
+    time_model: TimeModel | None = None
 
     def vllm(self) -> VllmConfig:
-        return VllmConfig(block_size=self.block_size, capacity_tokens=self.capacity_tokens)
+        return VllmConfig(
+            block_size=self.block_size,
+            capacity_tokens=self.capacity_tokens,
+            max_in_flight=self.max_in_flight,
+            time_model=self.time_model,
+        )
 
     def sglang(self, page_size: int | None = None) -> SglangConfig:
         return SglangConfig(
             page_size=self.page_size if page_size is None else page_size,
             capacity_tokens=self.capacity_tokens,
             eviction_policy=self.eviction_policy,  # type: ignore[arg-type]
+            chunked_prefill_size=self.chunked_prefill_size,
+            max_in_flight=self.max_in_flight,
+            time_model=self.time_model,
         )
+
+    @property
+    def mode(self) -> str:
+        """The replay mode in words, for the report."""
+        if self.time_model is not None:
+            return (
+                f"arrival time (up to {self.max_in_flight} in flight; prefill "
+                f"{self.time_model.prefill_tokens_per_s:g} tokens/s, decode "
+                f"{self.time_model.decode_tokens_per_s:g} tokens/s per request)"
+            )
+        if self.max_in_flight > 1:
+            return f"concurrent (up to {self.max_in_flight} in flight, lock-step)"
+        return "sequential"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
-from cache_models.config import SGLANG_EVICTION_POLICIES
+from cache_models.config import SGLANG_EVICTION_POLICIES, TimeModel
 from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
@@ -48,6 +48,10 @@ from cli.measure import logits_mismatch, measure_command
 from cli.outputs import junit_xml, markdown, publish_to_github
 from cli.progress import RichProgress
 from cli.render import render_gates, render_report
+
+# Requests in flight in an arrival-time replay unless --concurrency says otherwise (vLLM's
+# default max_num_seqs).
+DEFAULT_TIMED_CONCURRENCY = 256
 
 app = typer.Typer(
     add_completion=False,
@@ -97,6 +101,31 @@ def analyze_command(
     eviction_policy: Annotated[
         str, typer.Option(help=f"SGLang policy: {', '.join(SGLANG_EVICTION_POLICIES)}.")
     ] = "lru",
+    chunked_prefill_size: Annotated[
+        int,
+        typer.Option(min=0, help="SGLang --chunked-prefill-size (0: off); changes eviction units."),
+    ] = 0,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Requests in flight: vLLM's lock-step scheduling (default 1, sequential; "
+            f"{DEFAULT_TIMED_CONCURRENCY} with --replay-in-time).",
+        ),
+    ] = None,
+    replay_in_time: Annotated[
+        bool,
+        typer.Option(
+            help="Replay at the log's timestamps: running requests hold their KV for a modelled "
+            "prefill + decode time."
+        ),
+    ] = False,
+    prefill_tokens_per_s: Annotated[
+        float, typer.Option(min=1.0, help="Time model: uncached prompt tokens per second.")
+    ] = TimeModel.prefill_tokens_per_s,
+    decode_tokens_per_s: Annotated[
+        float, typer.Option(min=0.001, help="Time model: output tokens per second per request.")
+    ] = TimeModel.decode_tokens_per_s,
     hash_block_size: HashBlockSize = None,
     prompt_field: PromptField = None,
     messages_field: MessagesField = None,
@@ -174,6 +203,11 @@ def analyze_command(
             page_size=page_size,
             capacity_tokens=capacity_tokens,
             eviction_policy=eviction_policy,
+            chunked_prefill_size=chunked_prefill_size,
+            max_in_flight=concurrency or (DEFAULT_TIMED_CONCURRENCY if replay_in_time else 1),
+            time_model=TimeModel(prefill_tokens_per_s, decode_tokens_per_s)
+            if replay_in_time
+            else None,
         ),
         strict=strict,
         hash_block_size=hash_block_size,

@@ -144,3 +144,36 @@ def test_redact_hides_snippets(tmp_path: Path) -> None:
     assert result.exit_code == 0
     prefixes = json.loads(report_path.read_text())["shared_prefixes"]
     assert prefixes and all(p["snippet"] is None for p in prefixes)
+
+
+def test_replay_modes_are_named_in_the_report(tmp_path: Path) -> None:
+    shared = list(range(1, 21))
+    log = write_tokens(
+        tmp_path / "timed.jsonl",
+        [
+            {"timestamp": 0.0, "prompt_token_ids": shared + [30], "output_token_ids": [5] * 40},
+            {"timestamp": 0.001, "prompt_token_ids": shared + [31], "output_token_ids": [5]},
+        ],
+    )
+    modes = {}
+    for flags in ([], ["--concurrency", "2"], ["--replay-in-time"]):
+        report_path, table = tmp_path / "r.json", tmp_path / "t.jsonl"
+        result = run(log, *flags, "--json", report_path, "--per-request", table, "--quiet")
+        assert result.exit_code == 0, result.output
+        modes[" ".join(flags)] = json.loads(report_path.read_text())["replay_mode"]
+        rows = [json.loads(line) for line in table.read_text().splitlines()]
+        # vLLM caches the first request's blocks when it is scheduled, so the second hits them
+        # in every mode. SGLang inserts the prompt at the end of its prefill: with both in
+        # flight (one batch; or the second arriving 1 ms in, mid-prefill), the second misses.
+        assert [r["vllm_hit"] for r in rows] == [0, 16]
+        assert [r["sglang_hit"] for r in rows] == ([0, 20] if not flags else [0, 0])
+    assert modes[""] == "sequential"
+    assert modes["--concurrency 2"].startswith("concurrent (up to 2 in flight")
+    assert modes["--replay-in-time"].startswith("arrival time (up to 256 in flight")
+
+
+def test_replay_in_time_needs_timestamps(tmp_path: Path) -> None:
+    log = write_tokens(tmp_path / "t.jsonl", [{"prompt_token_ids": [1, 2, 3]}])
+    result = run(log, "--replay-in-time")
+    assert result.exit_code == 2
+    assert "--replay-in-time needs an arrival time" in result.output
