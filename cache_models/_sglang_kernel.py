@@ -28,6 +28,7 @@ ROOT = 0
 EMPTY, TOMB = -1, -2
 ROOT_PRIORITY = -(2**63 - 1)
 INITIAL_ROWS = 1024
+INITIAL_ARENA = 1 << 16  # tokens
 COUNTERS = ("evicted_tokens", "inserted_tokens", "node_splits", "rejected")
 
 # Columns of Tree.nodes. VERSION is the node's current heap version, -1 for an unused row.
@@ -688,7 +689,7 @@ def replay(config: SglangConfig, workload: Workload) -> tuple[dict[str, np.ndarr
     out = {name: np.zeros(n, np.int64) for name in ("hit", *COUNTERS)}
     lengths = workload.prompt_lengths + workload.output_lengths
     longest = int(lengths.max()) if n else 0
-    tree = new_tree(INITIAL_ROWS, 4 * longest + 1024, capacity_pages * ps)
+    tree = new_tree(INITIAL_ROWS, max(4 * longest, INITIAL_ARENA), capacity_pages * ps)
     buf = np.zeros(longest, np.int32)
     inputs = (  # one dtype and layout each, so that the kernel compiles once
         np.ascontiguousarray(workload.prompt_tokens, np.int32),

@@ -350,8 +350,13 @@ def test_fast_engine_grows_its_arrays_without_changing_a_hit(
     workload = random_tokens_workload(23, 200)
     config = {"page_size": page_size, "capacity_tokens": capacity, "chunked_prefill_size": chunk}
     monkeypatch.setattr(_sglang_kernel, "INITIAL_ROWS", 16)
-    _, tree = _sglang_kernel.replay(SglangConfig(**config), workload)
+    monkeypatch.setattr(_sglang_kernel, "INITIAL_ARENA", 16)
+    out, tree = _sglang_kernel.replay(SglangConfig(**config), workload)
     assert len(tree.nodes) > 16
+    if capacity is None:  # the arena grew
+        assert len(tree.arena) > 4 * largest_request(workload)
+    else:  # the arena was compacted: evicted tokens are gone from it
+        assert tree.ints[_sglang_kernel.ARENA_TOP] < out["inserted_tokens"].sum()
     assert_same(replay(workload, "fast", **config), replay(workload, "reference", **config))
 
 
@@ -361,7 +366,7 @@ def test_fast_engine_memory_follows_the_pool_not_the_log() -> None:
     out, tree = _sglang_kernel.replay(SglangConfig(capacity_tokens=capacity), workload)
     assert out["evicted_tokens"].sum() > 10 * capacity
     assert len(tree.nodes) == _sglang_kernel.INITIAL_ROWS
-    assert len(tree.arena) <= max(4 * largest_request(workload) + 1024, 4 * capacity)
+    assert len(tree.arena) <= max(4 * largest_request(workload), _sglang_kernel.INITIAL_ARENA)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
