@@ -160,7 +160,11 @@ def test_replay_modes_are_named_in_the_report(tmp_path: Path) -> None:
         report_path, table = tmp_path / "r.json", tmp_path / "t.jsonl"
         result = run(log, *flags, "--json", report_path, "--per-request", table, "--quiet")
         assert result.exit_code == 0, result.output
-        modes[" ".join(flags)] = json.loads(report_path.read_text())["replay_mode"]
+        report = json.loads(report_path.read_text())
+        modes[" ".join(flags)] = report["replay_mode"]
+        # The second request's 20 shared tokens, lost to being in flight with the first.
+        assert report["losses"]["sglang"]["concurrency"]["tokens"] == (20 if flags else 0)
+        assert report["losses"]["vllm"]["concurrency"]["tokens"] == 0
         rows = [json.loads(line) for line in table.read_text().splitlines()]
         # vLLM caches the first request's blocks when it is scheduled, so the second hits them
         # in every mode. SGLang inserts the prompt at the end of its prefill: with both in

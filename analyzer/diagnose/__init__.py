@@ -122,6 +122,10 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         unbounded = replay_hits(
             Scenario(workload, replace(settings, capacity_tokens=None), servers=inputs.servers)
         )
+    sequential_unbounded = unbounded
+    if settings.max_in_flight > 1 or settings.time_model is not None:
+        sequential = replace(settings, capacity_tokens=None, max_in_flight=1, time_model=None)
+        sequential_unbounded = replay_hits(Scenario(workload, sequential, servers=inputs.servers))
 
     salt_free, salt_free_trie, salt_free_ceiling = _salt_free(workload, replays, inputs)
     sites, spans = find_dynamic_content(
@@ -135,7 +139,10 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         constant_ceiling = original_hits(normalised, edits, workload.prompt_lengths)
     ceilings = Ceilings(replays.ideal.hit_tokens, salt_free_ceiling, constant_ceiling)
     lengths = workload.prompt_lengths
-    losses = {e: attribute(e, lengths, hits[e], unbounded[e], ceilings) for e in hits}
+    losses = {
+        e: attribute(e, lengths, hits[e], unbounded[e], sequential_unbounded[e], ceilings)
+        for e in hits
+    }
     moves = static_runs(workload, spans, len(sites))
     values = ValueRanges.of(sites, spans, salt_free_trie)
     site_loss = np.maximum(constant_ceiling - salt_free_ceiling, 0)

@@ -11,8 +11,10 @@ token-exact, the last token always recomputed):
   (timestamps, ids) before otherwise shared text cost;
 - ``salts`` = the ceiling with salts removed - the ceiling: what per-tenant ``cache_salt`` cost
   (LoRA adapters stay apart: their KV differs);
-- ``alignment`` = the ceiling - the engine's hit with unbounded capacity: whole blocks or pages
-  only, and what the engine never caches (vLLM: the last output token);
+- ``alignment`` = the ceiling - the engine's sequential hit with unbounded capacity: whole blocks or
+  pages only, and what the engine never caches (vLLM: the last output token);
+- ``concurrency`` = that - the engine's unbounded hit in the replay mode used: what requests in
+  flight together could not share (0 in a sequential replay);
 - ``eviction`` = the engine's unbounded hit - its hit at the configured capacity (requests too big
   for the cache included).
 
@@ -26,7 +28,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CATEGORIES = ("never_seen", "last_token", "dynamic_content", "salts", "alignment", "eviction")
+CATEGORIES = (
+    "never_seen",
+    "last_token",
+    "dynamic_content",
+    "salts",
+    "alignment",
+    "concurrency",
+    "eviction",
+)
 
 
 @dataclass(frozen=True)
@@ -55,12 +65,14 @@ def attribute(
     prompt_lengths: np.ndarray,
     hit: np.ndarray,
     unbounded_hit: np.ndarray,
+    sequential_unbounded_hit: np.ndarray,
     ceilings: Ceilings,
 ) -> Losses:
     """Split L - hit of every request into the causes above."""
     levels = [
         hit,
         unbounded_hit,
+        sequential_unbounded_hit,
         ceilings.ceiling,
         ceilings.salt_free,
         ceilings.salt_free_constant_values,
@@ -73,13 +85,14 @@ def attribute(
         monotone.append(raised)
     top = prompt_lengths.astype(np.int64) - 1
     clamped |= monotone[-1] > top
-    h, u, c, c_salt_free, c_constant = (np.minimum(level, top) for level in monotone)
+    h, u, s, c, c_salt_free, c_constant = (np.minimum(level, top) for level in monotone)
     per_request = {
         "never_seen": top - c_constant,
         "last_token": np.ones(len(hit), np.int64),
         "dynamic_content": c_constant - c_salt_free,
         "salts": c_salt_free - c,
-        "alignment": c - u,
+        "alignment": c - s,
+        "concurrency": s - u,
         "eviction": u - h,
     }
     return Losses(engine, per_request, int(clamped.sum()))

@@ -22,8 +22,10 @@ LOSS_DEFINITIONS = {
     "ceiling with salts removed: what varying values before shared text cost",
     "salts": "the ceiling with salts removed - the ceiling: what per-tenant cache_salt cost "
     "(LoRA adapters stay apart)",
-    "alignment": "the ceiling - the engine's hits with unbounded capacity: whole blocks or pages "
-    "only, and what the engine never caches",
+    "alignment": "the ceiling - the engine's sequential hits with unbounded capacity: whole "
+    "blocks or pages only, and what the engine never caches",
+    "concurrency": "the engine's sequential unbounded hits - its unbounded hits in the replay mode "
+    "used: what requests in flight together could not share (0 when sequential)",
     "eviction": "the engine's hits with unbounded capacity - its hits at the configured capacity",
     "ceiling": "the ideal cache: unbounded, token-exact, every prompt and cacheable answer kept",
 }
