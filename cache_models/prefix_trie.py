@@ -8,6 +8,15 @@ capacity or block size, serves more. Requests whose prompts pass through a node 
 every prompt end is a node boundary, so a node is a prefix shared by exactly ``count`` prompts.
 Each distinct token is stored once; unknown (negative) tokens are never stored, as nothing after
 them can match.
+
+The same pass also gives, exactly, what vLLM and SGLang serve with unbounded capacity in a
+sequential replay, at any block or page size (``unbounded_hits``). Without eviction an engine's
+hit is ``g * floor(min(L - 1, D) / g)`` for granularity ``g``, where ``D`` is the longest
+``min(LCP(prompt, s), cached(s))`` over earlier sequences ``s`` of the namespace, and ``cached(s)``
+what the engine keeps of ``s``: vLLM ``floor((L' + n' - 1) / B) * B`` tokens (all outputs but the
+last), SGLang ``floor((L' + k) / P) * P`` with ``k`` the outputs it inserts (all on a stop, all but
+the last on a length finish). Each node keeps, per view, the most any sequence through it keeps,
+so ``D`` is read off the nodes the prompt passes, with memory per node, not per token.
 """
 
 from __future__ import annotations
@@ -50,6 +59,19 @@ class TrieNodes:
         return np.concatenate(parts[::-1]) if parts else np.zeros(0, np.int32)
 
 
+@dataclass(frozen=True)
+class View:
+    """An engine's unbounded cache at one granularity: ``engine`` "vllm" (block size) or
+    "sglang" (page size), or "ideal" (granularity 1, everything an engine can cache)."""
+
+    engine: str
+    granularity: int = 1
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("vllm", "sglang", "ideal") or self.granularity < 1:
+            raise ValueError(f"bad view {self}")
+
+
 class PrefixTrie:
     """The ideal prefix cache: replays a workload and keeps the trie for later questions."""
 
@@ -59,6 +81,11 @@ class PrefixTrie:
         self.nodes: TrieNodes | None = None
 
     def replay(self, workload: Workload) -> ReplayResult:
+        (hits,) = self.replay_views(workload, [View("ideal")])
+        return ReplayResult(engine=self.engine, hit_tokens=hits)
+
+    def replay_views(self, workload: Workload, views: list[View]) -> list[np.ndarray]:
+        """Per view, the per-request hits of that engine's unbounded, sequential replay."""
         hits, columns = _build(
             workload.prompt_tokens,
             workload.prompt_offsets,
@@ -66,9 +93,16 @@ class PrefixTrie:
             workload.output_offsets,
             workload.namespace.astype(np.int64),
             workload.stop_finish,
+            np.array([v.granularity for v in views], np.int64),
+            np.array([v.engine == "vllm" for v in views], np.bool_),
         )
         self.nodes = TrieNodes(*columns)
-        return ReplayResult(engine=self.engine, hit_tokens=hits)
+        return list(hits)
+
+
+def unbounded_hits(workload: Workload, views: list[View]) -> list[np.ndarray]:
+    """Per view, the hits of an unbounded, sequential replay (exactly the engine models')."""
+    return PrefixTrie().replay_views(workload, views)
 
 
 @njit(cache=True)
@@ -92,9 +126,30 @@ def _grow(array: np.ndarray, needed: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespace, stop_finish):
+def _grow_rows(array: np.ndarray, needed: int) -> np.ndarray:
+    if needed <= len(array):
+        return array
+    bigger = np.zeros((max(needed, 2 * len(array)), array.shape[1]), array.dtype)
+    bigger[: len(array)] = array
+    return bigger
+
+
+@njit(cache=True)
+def _build(
+    prompt_tokens,
+    prompt_offsets,
+    output_tokens,
+    output_offsets,
+    namespace,
+    stop_finish,
+    view_granularity,
+    view_vllm,
+):
     n_requests = len(prompt_offsets) - 1
-    hits = np.zeros(n_requests, np.int64)
+    n_views = len(view_granularity)
+    hits = np.zeros((n_views, n_requests), np.int64)
+    reach = np.zeros(n_views, np.int64)  # per view: the longest min(LCP, kept) so far
+    kept = np.zeros(n_views, np.int64)  # per view: what the engine keeps of this request
     children = Dict.empty(key_type=types.int64, value_type=types.int64)
     cap = 1024
     parent = np.zeros(cap, np.int64)
@@ -104,6 +159,7 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
     count = np.zeros(cap, np.int64)
     first = np.full(cap, -1, np.int64)
     space = np.zeros(cap, np.int64)
+    best = np.zeros((cap, n_views), np.int64)  # per node and view: the most kept through it
     store = np.zeros(1 << 16, np.int32)
     n_nodes = 1  # node 0: the sentinel above the namespace roots
     n_store = 0
@@ -122,6 +178,10 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
             if seq[i] < 0:
                 seq_len = i
                 break
+        for v in range(n_views):
+            g = view_granularity[v]
+            n_kept = (o1 - o0 - 1) if view_vllm[v] else n_out
+            kept[v] = min((prompt_len + n_kept) // g * g, seq_len)
 
         root = _child(children, 0, namespace[r])
         if root == _NO_CHILD:
@@ -135,12 +195,14 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
                 count = _grow(count, n_nodes)
                 first = _grow(first, n_nodes)
                 space = _grow(space, n_nodes)
+                best = _grow_rows(best, n_nodes)
             parent[root], start[root], length[root], depth[root] = 0, 0, 0, 0
             count[root], first[root], space[root] = 0, -1, namespace[r]
             children[_key(0, namespace[r])] = root
 
-        # 1. match, limited to prompt_len - 1 tokens
+        # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
         limit = min(prompt_len - 1, seq_len)
+        reach[:] = 0
         node, pos = root, 0
         while pos < limit:
             child = _child(children, node, seq[pos])
@@ -150,10 +212,14 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
             while m < length[child] and pos + m < limit and store[start[child] + m] == seq[pos + m]:
                 m += 1
             pos += m
+            for v in range(n_views):
+                reach[v] = max(reach[v], min(pos, best[child, v]))
             if m < length[child]:
                 break
             node = child
-        hits[r] = pos
+        for v in range(n_views):
+            g = view_granularity[v]
+            hits[v, r] = min(prompt_len - 1, reach[v]) // g * g
 
         # 2. insert prompt + cacheable outputs, splitting at divergences and at the prompt end
         node, pos = root, 0
@@ -173,6 +239,7 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
                         count = _grow(count, n_nodes)
                         first = _grow(first, n_nodes)
                         space = _grow(space, n_nodes)
+                        best = _grow_rows(best, n_nodes)
                     leaf = n_nodes - 1
                     store = _grow(store, n_store + end - pos)
                     store[n_store : n_store + end - pos] = seq[pos:end]
@@ -182,6 +249,7 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
                     count[leaf] = 1 if counted else 0
                     first[leaf] = r if counted else -1
                     space[leaf] = namespace[r]
+                    best[leaf, :] = kept
                     children[_key(node, seq[pos])] = leaf
                     n_store += end - pos
                     node, pos, cut = leaf, end, seq_len
@@ -193,7 +261,10 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
             cut = min(m, prompt_len - pos) if pos < prompt_len else m
             if cut < span:
                 if pos + cut == seq_len and pos + cut != prompt_len:
-                    break  # the sequence ends inside an output node: nothing to add
+                    # the sequence ends inside an output node: nothing to add but what it keeps
+                    for v in range(n_views):
+                        best[child, v] = max(best[child, v], kept[v])
+                    break
                 # split child at cut: mid takes the first cut tokens
                 n_nodes += 1
                 if n_nodes > len(parent):
@@ -204,10 +275,12 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
                     count = _grow(count, n_nodes)
                     first = _grow(first, n_nodes)
                     space = _grow(space, n_nodes)
+                    best = _grow_rows(best, n_nodes)
                 mid = n_nodes - 1
                 parent[mid], start[mid], length[mid] = node, start[child], cut
                 depth[mid] = depth[node] + cut
                 count[mid], first[mid], space[mid] = count[child], first[child], space[child]
+                best[mid, :] = best[child, :]
                 children[_key(node, seq[pos])] = mid
                 parent[child] = mid
                 start[child] += cut
@@ -218,6 +291,8 @@ def _build(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespa
                 count[child] += 1
                 if first[child] < 0:
                     first[child] = r
+            for v in range(n_views):
+                best[child, v] = max(best[child, v], kept[v])
             pos += cut
             node = child
 

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from analyzer.prefixes import shared_prefixes
-from cache_models.prefix_trie import PrefixTrie
+from cache_models.config import SglangConfig, VllmConfig
+from cache_models.prefix_trie import PrefixTrie, View, unbounded_hits
+from cache_models.sglang_radix import SglangRadixCache
+from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
 from tests.golden.workloads import random_workload
 
@@ -88,3 +91,29 @@ def test_namespaces_keep_prefixes_apart() -> None:
     assert trie.nodes is not None
     found = sorted((p.namespace, p.length, p.requests) for p in shared_prefixes(trie.nodes))
     assert found == [(0, 4, 3), (1, 4, 3)]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_views_equal_the_engines_unbounded_replays(seed: int) -> None:
+    requests = random_workload(seed, n_requests=150, vocab=(4, 8, 50)[seed % 3])
+    workload = to_workload(requests)
+    if seed % 4 == 0:  # unknown answers: one unique negative token each
+        workload = Workload.from_lists(
+            [r["prompt_token_ids"] for r in requests],
+            None,
+            namespace=workload.namespace,
+            stop_finish=workload.stop_finish,
+        )
+    views = [View("vllm", b) for b in (1, 4, 16, 32)] + [View("sglang", p) for p in (1, 4, 16, 64)]
+    for view, hits in zip(views, unbounded_hits(workload, views), strict=True):
+        if view.engine == "vllm":
+            model = VllmPrefixCache(VllmConfig(block_size=view.granularity))
+        else:
+            model = SglangRadixCache(SglangConfig(page_size=view.granularity))
+        assert hits.tolist() == model.replay(workload).hit_tokens.tolist(), view
+
+
+def test_ideal_view_is_the_ceiling() -> None:
+    workload = to_workload(random_workload(3, n_requests=100, vocab=6))
+    (ideal,) = unbounded_hits(workload, [View("ideal")])
+    assert ideal.tolist() == brute_force_ceiling(workload)

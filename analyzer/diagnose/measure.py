@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import numpy as np
 
 from analyzer.diagnose.fixes import select_requests
 from analyzer.replay import ReplaySettings
+from cache_models.prefix_trie import View, unbounded_hits
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
@@ -68,6 +70,11 @@ class Gain:
 
 def replay_hits(scenario: Scenario) -> dict[str, np.ndarray]:
     """Per-request hits of each engine the scenario names."""
+    return replay_many([scenario])[0]
+
+
+def _model_replay(scenario: Scenario) -> dict[str, np.ndarray]:
+    """``replay_hits`` through the cache models themselves."""
     workload, settings = scenario.workload, scenario.settings
     parts = server_parts(scenario.servers, workload.n_requests)
     hits = {engine: np.zeros(workload.n_requests, np.int64) for engine in scenario.engines}
@@ -89,11 +96,62 @@ def server_parts(servers: np.ndarray | None, n_requests: int) -> list[np.ndarray
 
 
 def replay_many(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
-    """``replay_hits`` of every scenario, in parallel processes for big logs."""
+    """``replay_hits`` of every scenario. Unbounded sequential ones on the same workload share one
+    pass over the prefix trie (exactly the models' hits, with memory per trie node instead of per
+    cached block); the others run in parallel processes for big logs."""
+    results: list[dict[str, np.ndarray] | None] = [None] * len(scenarios)
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, scenario in enumerate(scenarios):
+        if _unbounded_sequential(scenario.settings):
+            groups[(id(scenario.workload), id(scenario.servers))].append(i)
+    for indices in groups.values():
+        for i, hits in zip(indices, _trie_replays([scenarios[i] for i in indices]), strict=True):
+            results[i] = hits
+    rest = [i for i, hits in enumerate(results) if hits is None]
+    for i, hits in zip(rest, _engine_replays([scenarios[i] for i in rest]), strict=True):
+        results[i] = hits
+    return [hits for hits in results if hits is not None]
+
+
+def _unbounded_sequential(settings: ReplaySettings) -> bool:
+    return (
+        settings.capacity_tokens is None
+        and settings.max_in_flight == 1
+        and settings.time_model is None
+    )
+
+
+def _trie_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
+    """Unbounded sequential scenarios of one workload (and servers), in one trie pass."""
+    workload, servers = scenarios[0].workload, scenarios[0].servers
+    wanted = [
+        (
+            i,
+            engine,
+            View(engine, s.settings.block_size if engine == "vllm" else s.settings.page_size),
+        )
+        for i, s in enumerate(scenarios)
+        for engine in s.engines
+    ]
+    views = list(dict.fromkeys(view for _, _, view in wanted))
+    by_view = {view: np.zeros(workload.n_requests, np.int64) for view in views}
+    parts = server_parts(servers, workload.n_requests)
+    for indices in parts:
+        part = workload if len(parts) == 1 else select_requests(workload, indices)
+        for view, hits in zip(views, unbounded_hits(part, views), strict=True):
+            by_view[view][indices] = hits
+    results: list[dict[str, np.ndarray]] = [{} for _ in scenarios]
+    for i, engine, view in wanted:
+        results[i][engine] = by_view[view]
+    return results
+
+
+def _engine_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
+    """Replays through the cache models, in forked processes when the log is big."""
     tokens = sum(int(s.workload.prompt_offsets[-1]) for s in scenarios)
     workers = min(len(scenarios), os.cpu_count() or 1)
     if workers < 2 or tokens < PARALLEL_MIN_TOKENS or "fork" not in _start_methods():
-        return [replay_hits(s) for s in scenarios]
+        return [_model_replay(s) for s in scenarios]
     global _PENDING
     _PENDING = list(scenarios)  # forked workers inherit them: no pickling of the workloads
     try:
@@ -125,7 +183,7 @@ _PENDING: list[Scenario] = []
 
 
 def _replay_pending(index: int) -> dict[str, np.ndarray]:
-    return replay_hits(_PENDING[index])
+    return _model_replay(_PENDING[index])
 
 
 def _start_methods() -> list[str]:

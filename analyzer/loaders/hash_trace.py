@@ -4,9 +4,11 @@
 one id per block of ``block_size`` prompt tokens, the last block partial.
 
 Each id is expanded into synthetic token ids so that equal ids give equal tokens and different ids
-differ at the block's first token: a block's first token is its id, the others their offset in the
-block. The ids chain (equal id, equal prefix), so this reproduces every match the trace implies and
-puts each divergence at the start of the first differing block, which is all a trace can tell.
+differ at every position of the block: token ``j`` of id ``h`` is ``(h * A + j * C) mod 2^31`` with
+``A`` odd, one-to-one in ``h`` for each ``j``. The ids chain (equal id, equal prefix), so this
+reproduces every match the trace implies and puts each divergence at the start of the first
+differing block, which is all a trace can tell; no two blocks look alike after their first token
+(which would read as a varying value followed by shared text).
 """
 
 from __future__ import annotations
@@ -31,11 +33,16 @@ def matches_bailian(obj: dict[str, Any]) -> bool:
     return "hash_ids" in obj and "chat_id" in obj
 
 
+_ID_FACTOR = 0x9E3779B1  # odd: h -> h * A mod 2^31 is one-to-one
+_OFFSET_FACTOR = 0x7FEB352D
+
+
 def expand_hash_ids(hash_ids: list[int], input_length: int, block_size: int) -> np.ndarray:
     """The synthetic prompt tokens of one trace line."""
-    tokens = np.tile(np.arange(block_size, dtype=np.int32), len(hash_ids))[:input_length]
-    tokens[::block_size] = np.asarray(hash_ids, dtype=np.int32)
-    return tokens
+    ids = np.asarray(hash_ids, dtype=np.int64)[:, None]
+    offsets = np.arange(block_size, dtype=np.int64)[None, :]
+    tokens = (ids * _ID_FACTOR + offsets * _OFFSET_FACTOR) & 0x7FFFFFFF
+    return tokens.astype(np.int32).ravel()[:input_length]
 
 
 def parse(
