@@ -1,19 +1,30 @@
-"""Load -> render -> tokenize: the requests of some logs as the token ids the server saw."""
+"""Load -> render -> tokenize: the requests of some logs as the token ids the server saw, read
+whole or chunk by chunk (a log of billions of tokens never has to be in memory at once)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import polars as pl
+
 from analyzer.chat import ChatRenderer, chat_renderer
 from analyzer.errors import PrefixcheckError
-from analyzer.loaders import LoadResult, load_logs
+from analyzer.loaders import LoadResult, iter_records
 from analyzer.loaders.mapped import FieldMap
 from analyzer.progress import Progress
+from analyzer.records import Record
 from analyzer.report import SkipSummary
+from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer, load_tokenizer
-from analyzer.workload import TokenizedLog, build_workload
+from analyzer.workload import ChunkState, TokenizedLog, build_workload
+from cache_models.workload import Workload
+
+CHUNK_RECORDS = 2000  # requests tokenized (and replayed, when streaming) at a time
 
 
 @dataclass(frozen=True)
@@ -37,42 +48,125 @@ class Ingested:
     renderer: ChatRenderer
 
 
-def ingest(paths: list[Path], options: IngestOptions, progress: Progress) -> Ingested:
-    loaded = load_logs(
-        paths,
-        options.format,
-        strict=options.strict,
-        hash_block_size=options.hash_block_size,
-        fields=options.fields,
-        progress=progress,
-    )
-    if not loaded.records:
-        summary = SkipSummary.of(loaded.skips)
-        detail = f": {summary.examples[0]}" if summary.examples else ""
-        raise PrefixcheckError(f"no requests in the input ({summary.count} lines skipped{detail})")
-    needs_text = any(r.messages is not None or r.prompt is not None for r in loaded.records)
-    tokenizer = (
-        load_tokenizer(options.tokenizer, fast=options.fast_tokenizer)
-        if needs_text or options.tokenizer
-        else None
-    )
-    renderer = chat_renderer(
-        tokenizer.chat_template if tokenizer else None,
-        tokenizer.special if tokenizer else load_tokenizer(None).special,
-        choice=options.chat_template,
-        default_kwargs=options.chat_template_kwargs,
-    )
-    tokenized = build_workload(
-        loaded.records,
-        tokenizer or load_tokenizer(None),
-        renderer,
-        strict=options.strict,
-        progress=progress,
-        cache_dir=options.cache_dir,
-    )
-    if tokenized.workload.n_requests == 0:
-        first = tokenized.skips[0] if tokenized.skips else None
-        raise PrefixcheckError(
-            "no requests left after tokenization" + (f" (e.g. {first})" if first else "")
+@dataclass(frozen=True)
+class Chunk:
+    """Some consecutive requests: as read, and tokenized."""
+
+    records: list[Record]
+    tokenized: TokenizedLog
+
+
+@dataclass
+class ChunkedIngest:
+    """Reads logs chunk by chunk; the tokenizer is loaded when the first text needs it."""
+
+    paths: Sequence[Path]
+    options: IngestOptions
+    progress: Progress
+    loaded: LoadResult = field(default_factory=LoadResult)
+    state: ChunkState = field(default_factory=ChunkState)
+    tokenizer: Tokenizer | None = None
+    renderer: ChatRenderer | None = None
+
+    def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
+        records = iter_records(
+            self.paths,
+            self.options.format,
+            self.loaded,
+            strict=self.options.strict,
+            hash_block_size=self.options.hash_block_size,
+            fields=self.options.fields,
+            progress=self.progress,
         )
-    return Ingested(loaded, tokenized, tokenizer, renderer)
+        while batch := list(islice(records, chunk_records)):
+            if self.tokenizer is None and (
+                self.options.tokenizer
+                or any(r.messages is not None or r.prompt is not None for r in batch)
+            ):
+                self.tokenizer = load_tokenizer(
+                    self.options.tokenizer, fast=self.options.fast_tokenizer
+                )
+                self.renderer = None
+            tokenized = build_workload(
+                batch,
+                self.tokenizer or load_tokenizer(None),
+                self._renderer(),
+                strict=self.options.strict,
+                progress=self.progress,
+                cache_dir=self.options.cache_dir,
+                chunk_state=self.state,
+            )
+            yield Chunk(batch, tokenized)
+
+    def _renderer(self) -> ChatRenderer:
+        if self.renderer is None:
+            special = (self.tokenizer or load_tokenizer(None)).special
+            self.renderer = chat_renderer(
+                self.tokenizer.chat_template if self.tokenizer else None,
+                special,
+                choice=self.options.chat_template,
+                default_kwargs=self.options.chat_template_kwargs,
+            )
+        return self.renderer
+
+    def finished(self, chunks: Sequence[Chunk]) -> Ingested:
+        """The chunks read so far as one log; errors when nothing could be read."""
+        if not chunks or not any(c.tokenized.workload.n_requests for c in chunks):
+            summary = SkipSummary.of(
+                self.loaded.skips + [s for c in chunks for s in c.tokenized.skips]
+            )
+            if not self.loaded.skips and chunks:
+                first = chunks[0].tokenized.skips[0] if chunks[0].tokenized.skips else None
+                raise PrefixcheckError(
+                    "no requests left after tokenization" + (f" (e.g. {first})" if first else "")
+                )
+            detail = f": {summary.examples[0]}" if summary.examples else ""
+            raise PrefixcheckError(
+                f"no requests in the input ({summary.count} lines skipped{detail})"
+            )
+        self.loaded.records = [r for c in chunks for r in c.records]
+        return Ingested(self.loaded, merge(chunks, self.state), self.tokenizer, self._renderer())
+
+
+def ingest(paths: list[Path], options: IngestOptions, progress: Progress) -> Ingested:
+    """The whole log in memory."""
+    reader = ChunkedIngest(paths, options, progress)
+    return reader.finished(list(reader.chunks()))
+
+
+def merge(chunks: Sequence[Chunk], state: ChunkState) -> TokenizedLog:
+    """Consecutive chunks as one tokenized log."""
+    logs = [c.tokenized for c in chunks]
+    workloads = [log.workload for log in logs]
+    return TokenizedLog(
+        workload=concat_workloads(workloads),
+        requests=pl.concat([log.requests for log in logs], how="vertical_relaxed"),
+        skips=[skip for log in logs for skip in log.skips],
+        namespace_labels=state.labels(),
+        from_text=any(log.from_text for log in logs),
+        assumed_stop_finish=sum(log.assumed_stop_finish for log in logs),
+        token_cache=CacheStats.total([log.token_cache for log in logs]),
+    )
+
+
+def concat_workloads(workloads: Sequence[Workload]) -> Workload:
+    if len(workloads) == 1:
+        return workloads[0]
+    arrivals = [w.arrival_s for w in workloads]
+    return Workload(
+        prompt_tokens=np.concatenate([w.prompt_tokens for w in workloads]),
+        prompt_offsets=_joined_offsets([w.prompt_offsets for w in workloads]),
+        output_tokens=np.concatenate([w.output_tokens for w in workloads]),
+        output_offsets=_joined_offsets([w.output_offsets for w in workloads]),
+        namespace=np.concatenate([w.namespace for w in workloads]),
+        stop_finish=np.concatenate([w.stop_finish for w in workloads]),
+        arrival_s=None if any(a is None for a in arrivals) else np.concatenate(arrivals),
+    )
+
+
+def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    shifted, base = [np.zeros(1, np.int64)], 0
+    for offsets in parts:
+        shifted.append(offsets[1:] + base)
+        base += int(offsets[-1])
+    return np.concatenate(shifted)

@@ -65,16 +65,18 @@ def replay_by_model(
     ideal = trie.replay(workload)
     assert trie.nodes is not None
     return Replays(
-        vllm=_merged([(i, r.vllm) for i, r in parts], workload.n_requests),
-        sglang=_merged([(i, r.sglang) for i, r in parts], workload.n_requests),
-        sglang_page1=_merged([(i, r.sglang_page1) for i, r in parts], workload.n_requests),
+        vllm=merged_results([(i, r.vllm) for i, r in parts], workload.n_requests),
+        sglang=merged_results([(i, r.sglang) for i, r in parts], workload.n_requests),
+        sglang_page1=merged_results([(i, r.sglang_page1) for i, r in parts], workload.n_requests),
         ideal=ideal,
         trie=trie.nodes,
     )
 
 
-def _merged(parts: list[tuple[np.ndarray, ReplayResult]], n: int) -> ReplayResult:
+def merged_results(parts: list[tuple[np.ndarray, ReplayResult]], n: int) -> ReplayResult:
     """Per-model results of one engine put back in workload order, metrics summed."""
+    if len(parts) == 1 and len(parts[0][0]) == n:
+        return parts[0][1]
     first = parts[0][1]
     hits = np.zeros(n, dtype=first.hit_tokens.dtype)
     counters = {name: np.zeros(n, dtype=values.dtype) for name, values in first.counters.items()}

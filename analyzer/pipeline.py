@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import polars as pl
 from analyzer.diagnose import diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.errors import PrefixcheckError
-from analyzer.ingest import IngestOptions, ingest
+from analyzer.ingest import Chunk, ChunkedIngest, IngestOptions
+from analyzer.loaders import LoadResult
 from analyzer.loaders.mapped import FieldMap
 from analyzer.measure.estimate import prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
@@ -28,6 +30,7 @@ from analyzer.replay import (
     mean_request_hit_rate,
 )
 from analyzer.report import (
+    DiagnosisScope,
     EngineSummary,
     PrefixSummary,
     Report,
@@ -35,9 +38,13 @@ from analyzer.report import (
 )
 from analyzer.server_compare import compare_with_server
 from analyzer.snippets import snippet
+from analyzer.stream import sample_of, stream_replays
 from analyzer.tokenizer import Tokenizer
-from analyzer.workload import TokenizedLog
+from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
+from cache_models.workload import Workload
+
+DEFAULT_SAMPLE_TOKENS = 64_000_000
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,9 @@ class AnalyzeOptions:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     cache_dir: Path | None = None  # the token cache; None: no cache
     fast_tokenizer: bool = True  # the tiktoken fast path for byte-level BPE tokenizer.json
+    # Logs with more prompt tokens stream through the engines chunk by chunk; the diagnosis
+    # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
+    sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
 
     @property
     def ingest(self) -> IngestOptions:
@@ -87,33 +97,43 @@ def analyze(
 ) -> Analysis:
     progress = progress or NoProgress()
     shape = preset(options.model_preset)
-    ingested = ingest(paths, options.ingest, progress)
-    loaded, tokenized, tokenizer = ingested.loaded, ingested.tokenized, ingested.tokenizer
-    renderer = ingested.renderer
-    workload = tokenized.workload
-    models = model_labels(tokenized.requests["model"])
-    if options.settings.time_model is not None and workload.arrival_s is None:
-        raise PrefixcheckError(
-            "--replay-in-time needs an arrival time on every request (a timestamp field, or "
-            "--time-field)"
-        )
-    order = arrival_order(workload)
-    if order is None:
-        replays = replay_by_model(workload, models, options.settings, progress)
-    else:
-        replays = in_input_order(
-            replay_by_model(workload.select(order), models[order], options.settings, progress),
-            order,
-        )
+    settings = options.settings
+    reader = ChunkedIngest(paths, options.ingest, progress)
+    chunks = reader.chunks()
+    head = _head(chunks, options.sample_tokens if settings.streamable else None)
+    following = next(chunks, None)
+    if following is None:  # the whole log fits: replay and diagnose it all in memory
+        ingested = reader.finished(head)
+        whole = ingested.tokenized
+        _check_arrivals(whole.workload, settings)
+        order = arrival_order(whole.workload)
+        models = model_labels(whole.requests["model"])
+        if order is None:
+            replays = replay_by_model(whole.workload, models, settings, progress)
+        else:
+            replays = in_input_order(
+                replay_by_model(whole.workload.select(order), models[order], settings, progress),
+                order,
+            )
+        sample, sample_replays = whole, replays
+    else:  # stream the rest through the engines; diagnose the leading sample
+        ingested = reader.finished(head)
+        sample = ingested.tokenized
+        streamed = stream_replays([*head, following], chunks, reader, settings, progress)
+        whole, replays = streamed.log, streamed.replays
+        order = None
+        sample_replays = sample_of(replays, sample.workload)
+    loaded, tokenizer, renderer = reader.loaded, reader.tokenizer, ingested.renderer
+    prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
 
     hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
     decoder = tokenizer if tokenizer is not None and not hash_trace else None
     diagnosed = diagnose_log(
-        workload,
-        replays,
+        sample.workload,
+        sample_replays,
         order,
-        tokenized.requests,
-        options.settings,
+        sample.requests,
+        settings,
         decoder,
         options.redact,
         options.what_if,
@@ -127,66 +147,117 @@ def analyze(
         )
         if not diagnosed.values.ends_inside(prefix.tokens)
     ][: options.top_prefixes]
-    block_size = options.settings.block_size
+    block_size = settings.block_size
+    models = model_labels(whole.requests["model"])
     report = Report(
         inputs=loaded.formats,
         tokenizer=tokenizer.description if tokenizer else None,
-        chat_template=renderer.name if any(r.messages for r in loaded.records) else None,
-        replay_mode=options.settings.mode,
-        requests=workload.n_requests,
-        prompt_tokens=int(workload.prompt_lengths.sum()),
-        output_tokens=int(workload.output_lengths.sum()),
-        skipped=SkipSummary.of(loaded.skips + tokenized.skips),
+        chat_template=renderer.name if _has_chats(loaded) else None,
+        replay_mode=settings.mode,
+        requests=whole.requests.height,
+        prompt_tokens=int(prompt_lengths.sum()),
+        output_tokens=int(whole.requests["output_tokens"].sum()),
+        skipped=SkipSummary.of(loaded.skips + whole.skips),
         engines={
             "vllm": _summary(
                 replays.vllm,
-                workload.prompt_lengths,
+                prompt_lengths,
                 f"vLLM (block {block_size})",
-                asdict(options.settings.vllm()),
+                asdict(settings.vllm()),
             ),
             "sglang": _summary(
                 replays.sglang,
-                workload.prompt_lengths,
-                f"SGLang (page {options.settings.page_size}, {options.settings.eviction_policy})",
-                asdict(options.settings.sglang()),
+                prompt_lengths,
+                f"SGLang (page {settings.page_size}, {settings.eviction_policy})",
+                asdict(settings.sglang()),
             ),
         },
         ceiling=_summary(
             replays.ideal,
-            workload.prompt_lengths,
+            prompt_lengths,
             "ceiling (unbounded, token-exact)",
             {"capacity_tokens": None, "granularity": 1},
         ),
         alignment_loss_tokens=replays.sglang_page1.total_hit_tokens - replays.vllm.total_hit_tokens,
         block_size=block_size,
-        models=model_summaries(models, workload.prompt_lengths, replays),
-        server_comparison=compare_with_server(tokenized.requests, replays, block_size),
+        models=model_summaries(models, prompt_lengths, replays),
+        server_comparison=compare_with_server(whole.requests, replays, block_size),
         shared_prefixes=[
-            _prefix_summary(prefix, block_size, decoder, options.redact, tokenized)
+            _prefix_summary(prefix, block_size, decoder, options.redact, whole)
             for prefix in prefixes
         ],
         recommendations=diagnosed.diagnosis.recommendations,
         diagnosis=diagnosed.diagnosis,
-        notes=_notes(tokenized, hash_trace, options.hash_block_size)
-        + _loading_notes(loaded.answers_joined, tokenized)
+        diagnosis_scope=DiagnosisScope(
+            requests=sample.workload.n_requests,
+            prompt_tokens=int(sample.workload.prompt_offsets[-1]),
+            ceiling_hit_tokens=sample_replays.ideal.total_hit_tokens,
+            whole_log=sample is whole,
+        ),
+        notes=_notes(whole, hash_trace, options.hash_block_size)
+        + _loading_notes(loaded.answers_joined, whole)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
             if order is not None
             else []
-        ),
+        )
+        + ([] if sample is whole else [_streaming_note(sample, whole)]),
         prefill_estimate=prefill_estimate(
             shape,
-            workload.prompt_lengths,
+            prompt_lengths,
             {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens},
             distinct_tokens=int(replays.trie.length.sum()),
-            capacity_tokens=options.settings.capacity_tokens,
+            capacity_tokens=settings.capacity_tokens,
         ),
     )
+    losses = pl.DataFrame(diagnosed.per_request)
+    if sample is not whole:  # per-request causes for the diagnosed sample only
+        losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
     return Analysis(
         report=report,
-        per_request=_per_request(tokenized, replays).hstack(pl.DataFrame(diagnosed.per_request)),
-        tokenized=tokenized,
-        replays=replays,
+        per_request=_per_request(whole.requests, replays).hstack(losses),
+        tokenized=sample,
+        replays=sample_replays,
+    )
+
+
+def _head(chunks: Iterator[Chunk], budget: int | None) -> list[Chunk]:
+    """Chunks read until ``budget`` prompt tokens (None: all of them)."""
+    head: list[Chunk] = []
+    tokens = 0
+    for chunk in chunks:
+        head.append(chunk)
+        tokens += int(chunk.tokenized.workload.prompt_offsets[-1])
+        if budget is not None and tokens >= budget:
+            break
+    return head
+
+
+def _check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
+    if settings.time_model is not None and workload.arrival_s is None:
+        raise PrefixcheckError(
+            "--replay-in-time needs an arrival time on every request (a timestamp field, or "
+            "--time-field)"
+        )
+
+
+def _has_chats(loaded: LoadResult) -> bool:
+    return any(r.messages for r in loaded.records)
+
+
+def _streaming_note(sample: TokenizedLog, whole: LogTable) -> str:
+    return (
+        f"The log was streamed: hit rates, the ceiling and shared prefixes cover all "
+        f"{whole.requests.height:,} requests; losses by cause, dynamic content, recommendations "
+        f"and curves were measured on the first {sample.workload.n_requests:,} "
+        f"({int(sample.workload.prompt_offsets[-1]):,} prompt tokens; raise --diagnose-tokens "
+        "to cover more)."
+    )
+
+
+def _nulls(like: pl.DataFrame, rows: int) -> pl.DataFrame:
+    return pl.DataFrame(
+        {name: pl.Series(name, [None] * rows, dtype=like[name].dtype) for name in like.columns}
     )
 
 
@@ -210,7 +281,7 @@ def _prefix_summary(
     block_size: int,
     decoder: Tokenizer | None,
     redact: bool,
-    tokenized: TokenizedLog,
+    tokenized: LogTable,
 ) -> PrefixSummary:
     return PrefixSummary(
         tokens=prefix.length,
@@ -225,7 +296,7 @@ def _prefix_summary(
     )
 
 
-def _notes(tokenized: TokenizedLog, hash_trace: bool, hash_block_size: int | None) -> list[str]:
+def _notes(tokenized: LogTable, hash_trace: bool, hash_block_size: int | None) -> list[str]:
     notes = []
     if tokenized.assumed_stop_finish:
         notes.append(
@@ -246,7 +317,7 @@ def _notes(tokenized: TokenizedLog, hash_trace: bool, hash_block_size: int | Non
     return notes
 
 
-def _loading_notes(answers_joined: int, tokenized: TokenizedLog) -> list[str]:
+def _loading_notes(answers_joined: int, tokenized: LogTable) -> list[str]:
     """What the reader joined and what the token cache saved."""
     notes = []
     if answers_joined:
@@ -262,18 +333,18 @@ def _loading_notes(answers_joined: int, tokenized: TokenizedLog) -> list[str]:
     return notes
 
 
-def _per_request(tokenized: TokenizedLog, replays: Replays) -> pl.DataFrame:
+def _per_request(requests: pl.DataFrame, replays: Replays) -> pl.DataFrame:
     columns: dict[str, object] = {
-        "request": np.arange(tokenized.workload.n_requests),
-        "file": tokenized.requests["file"],
-        "line": tokenized.requests["line"],
-        "model": tokenized.requests["model"],
-        "prompt_tokens": tokenized.requests["prompt_tokens"],
-        "output_tokens": tokenized.requests["output_tokens"],
+        "request": np.arange(requests.height),
+        "file": requests["file"],
+        "line": requests["line"],
+        "model": requests["model"],
+        "prompt_tokens": requests["prompt_tokens"],
+        "output_tokens": requests["output_tokens"],
         "vllm_hit": replays.vllm.hit_tokens,
         "sglang_hit": replays.sglang.hit_tokens,
         "ceiling_hit": replays.ideal.hit_tokens,
-        "server_cached_tokens": tokenized.requests["server_cached_tokens"],
+        "server_cached_tokens": requests["server_cached_tokens"],
     }
     for result in (replays.vllm, replays.sglang):
         for name, values in result.counters.items():

@@ -48,6 +48,11 @@ class ReplaySettings:
         )
 
     @property
+    def streamable(self) -> bool:
+        """Sequential replays can go chunk by chunk (nothing is in flight between chunks)."""
+        return self.max_in_flight == 1 and self.time_model is None
+
+    @property
     def mode(self) -> str:
         """The replay mode in words, for the report."""
         if self.time_model is not None:

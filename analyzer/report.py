@@ -74,6 +74,16 @@ class SkipSummary:
 
 
 @dataclass(frozen=True)
+class DiagnosisScope:
+    """The requests the diagnosis covered: the whole log, or its leading sample when streamed."""
+
+    requests: int
+    prompt_tokens: int
+    ceiling_hit_tokens: int
+    whole_log: bool
+
+
+@dataclass(frozen=True)
 class Report:
     inputs: dict[str, str]
     tokenizer: str | None
@@ -95,6 +105,7 @@ class Report:
     prefill_estimate: PrefillEstimate | None = None  # FLOPs and KV bytes on a model shape
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
+    diagnosis_scope: DiagnosisScope | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (stable keys)."""
@@ -125,8 +136,14 @@ class Report:
             ),
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
+            "diagnosis_scope": asdict(self.diagnosis_scope) if self.diagnosis_scope else None,
             **(
-                self.diagnosis.to_dict(self.prompt_tokens, self.ceiling.hit_tokens)
+                self.diagnosis.to_dict(
+                    self.diagnosis_scope.prompt_tokens,
+                    self.diagnosis_scope.ceiling_hit_tokens,
+                )
+                if self.diagnosis and self.diagnosis_scope
+                else self.diagnosis.to_dict(self.prompt_tokens, self.ceiling.hit_tokens)
                 if self.diagnosis
                 else {}
             ),

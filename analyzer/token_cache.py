@@ -15,6 +15,7 @@ import hashlib
 import os
 import sys
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,24 +56,64 @@ class CacheStats:
     stored: bool = False  # the new ids were written
     error: str | None = None  # why the cache could not be read or written
 
+    @classmethod
+    def total(cls, parts: Sequence[CacheStats]) -> CacheStats:
+        """The stats of several chunks' tokenization as one run's."""
+        return cls(
+            texts=sum(p.texts for p in parts),
+            from_cache=sum(p.from_cache for p in parts),
+            tokenized=sum(p.tokenized for p in parts),
+            stored=any(p.stored for p in parts),
+            error=next((p.error for p in parts if p.error), None),
+        )
+
 
 class TokenCache:
-    """Token ids on disk for one tokenizer."""
+    """Token ids on disk for one tokenizer.
+
+    The keys of every file are read once (a small column) into an index of where each text's ids
+    are; a lookup then reads the ids of the few files that hold what it asks for, so a log read in
+    many chunks costs about one pass over the cache, not one per chunk.
+    """
 
     def __init__(self, root: Path, fingerprint: str) -> None:
         self.folder = root / "tokens" / fingerprint
+        self._index: dict[bytes, tuple[int, int]] | None = None
+        self._files: list[Path] = []
 
     def lookup(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         """The cached ids of the keys that are on disk."""
+        index = self._load_index()
+        by_file: dict[int, list[tuple[bytes, int]]] = defaultdict(list)
+        for key in keys:
+            if key in index:
+                file, row = index[key]
+                by_file[file].append((key, row))
+        found: dict[bytes, np.ndarray] = {}
+        for file, items in by_file.items():
+            column = pl.read_parquet(self._files[file], columns=["ids"])["ids"]
+            rows = column.gather([row for _, row in items]).to_list()
+            for (key, _), ids in zip(items, rows, strict=True):
+                found[key] = np.frombuffer(ids, dtype="<i4").astype(np.int32, copy=False)
+        return found
+
+    def _load_index(self) -> dict[bytes, tuple[int, int]]:
+        """The index, brought up to date with the folder (files added or removed since)."""
         files = sorted(self.folder.glob("*.parquet")) if self.folder.is_dir() else []
-        if not files or not keys:
-            return {}
-        wanted = pl.LazyFrame({"key": list(keys)}, schema={"key": pl.Binary})
-        found = pl.scan_parquet(files).join(wanted, on="key", how="semi").collect()
-        return {
-            key: np.frombuffer(ids, dtype="<i4").astype(np.int32, copy=False)
-            for key, ids in zip(found["key"].to_list(), found["ids"].to_list(), strict=True)
-        }
+        if self._index is None or not set(self._files) <= set(files):
+            self._index, self._files = {}, []
+        for path in files:
+            if path not in self._files:
+                self._add_file(path, pl.read_parquet(path, columns=["key"])["key"].to_list())
+        return self._index
+
+    def _add_file(self, path: Path, keys: Sequence[bytes]) -> None:
+        if self._index is None:
+            self._index = {}
+        file = len(self._files)
+        self._files.append(path)
+        for row, key in enumerate(keys):
+            self._index.setdefault(key, (file, row))
 
     def store(self, keys: Sequence[bytes], ids: Sequence[np.ndarray]) -> None:
         """Write one run's new ids (atomically: a partial file is never read)."""
@@ -86,7 +127,10 @@ class TokenCache:
         name = uuid.uuid4().hex
         partial = self.folder / f".{name}.tmp"
         frame.write_parquet(partial, compression="lz4")  # zstd is several times slower here
-        partial.replace(self.folder / f"{name}.parquet")
+        path = self.folder / f"{name}.parquet"
+        partial.replace(path)
+        if self._index is not None:
+            self._add_file(path, keys)
 
 
 def encode_texts(
@@ -105,7 +149,7 @@ def encode_texts(
     first: dict[bytes, int] = {}
     for position, key in enumerate(keys):
         first.setdefault(key, position)
-    cache = TokenCache(cache_dir, tokenizer.fingerprint) if cache_dir is not None else None
+    cache = _cache(cache_dir, tokenizer.fingerprint) if cache_dir is not None else None
     known: dict[bytes, np.ndarray] = {}
     if cache is not None:
         try:
@@ -132,3 +176,14 @@ def encode_texts(
         except (OSError, pl.exceptions.PolarsError) as exc:
             stats.error = f"cannot write {cache.folder}: {exc}"
     return [known[key] for key in keys], stats
+
+
+_OPEN: dict[tuple[Path, str], TokenCache] = {}
+
+
+def _cache(root: Path, fingerprint: str) -> TokenCache:
+    """One TokenCache (and index) per cache folder and tokenizer in a process."""
+    key = (root, fingerprint)
+    if key not in _OPEN:
+        _OPEN[key] = TokenCache(root, fingerprint)
+    return _OPEN[key]

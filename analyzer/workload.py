@@ -22,16 +22,37 @@ LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens", "model_length"})
 
 
 @dataclass
-class TokenizedLog:
-    """The workload in replay order plus one metadata row per request (same order)."""
+class ChunkState:
+    """What the chunks of one streamed log share so that they read as one log: namespace ids
+    (keyed by model too, as the models are not known in advance) and unknown-token ids."""
 
-    workload: Workload
+    namespace_ids: dict[tuple[str, str, str], int] = field(
+        default_factory=lambda: {("", "", ""): 0}
+    )
+    models: set[str] = field(default_factory=set)
+    next_unknown: int = -1
+
+    def labels(self) -> list[str]:
+        return _namespace_labels(self.namespace_ids, several_models=len(self.models) > 1)
+
+
+@dataclass(kw_only=True)
+class LogTable:
+    """One metadata row per request (input order), and what reading the log found."""
+
     requests: pl.DataFrame
     skips: list[Skip]
     namespace_labels: list[str]  # by namespace id; "" is the default namespace
     from_text: bool
     assumed_stop_finish: int
     token_cache: CacheStats = field(default_factory=CacheStats)
+
+
+@dataclass(kw_only=True)
+class TokenizedLog(LogTable):
+    """The table plus the requests' tokens: the columnar workload (same order)."""
+
+    workload: Workload
 
 
 def build_workload(
@@ -42,10 +63,12 @@ def build_workload(
     strict: bool = False,
     progress: Progress | None = None,
     cache_dir: Path | None = None,
+    chunk_state: ChunkState | None = None,
 ) -> TokenizedLog:
     """Tokenize every record exactly as the server would; records that fail become Skips.
 
     Token ids are read from and written to the token cache under ``cache_dir`` (None: no cache).
+    ``chunk_state`` makes this one chunk of a longer log (None: the records are the whole log).
     """
     progress = progress or NoProgress()
     skips: list[Skip] = []
@@ -83,7 +106,8 @@ def build_workload(
     for i, ids in zip(text_index, encoded, strict=True):
         prompts[i] = ids
 
-    outputs = _output_tokens(kept, tokenizer, progress, cache_dir)
+    state = chunk_state or ChunkState()
+    outputs = _output_tokens(kept, tokenizer, progress, cache_dir, state)
     final: list[int] = []
     for i, prompt in enumerate(prompts):
         if prompt is None or len(prompt) == 0:
@@ -96,7 +120,7 @@ def build_workload(
     kept = [kept[i] for i in final]
     prompt_arrays = [prompts[i] for i in final]
     output_arrays = [outputs[i][0] for i in final]
-    namespace, namespace_labels = _namespaces(kept)
+    namespace, namespace_labels = _namespaces(kept, chunk_state)
     workload = Workload.from_arrays(
         prompt_arrays,
         output_arrays,
@@ -160,7 +184,11 @@ def _prompt_text(record: Record, renderer: ChatRenderer) -> tuple[str | None, bo
 
 
 def _output_tokens(
-    records: Sequence[Record], tokenizer: Tokenizer, progress: Progress, cache_dir: Path | None
+    records: Sequence[Record],
+    tokenizer: Tokenizer,
+    progress: Progress,
+    cache_dir: Path | None,
+    state: ChunkState,
 ) -> list[tuple[np.ndarray, bool]]:
     """Each request's generated tokens and whether they are known.
 
@@ -184,7 +212,7 @@ def _output_tokens(
     )
     encoded = {i: row for (i, _), row in zip(texts, ids, strict=True)}
 
-    next_unknown = -1
+    next_unknown = state.next_unknown
     result: list[tuple[np.ndarray, bool]] = []
     for i, record in enumerate(records):
         tokens: np.ndarray | None = None
@@ -200,6 +228,7 @@ def _output_tokens(
         count = max(1, record.output_length or 1)
         result.append((np.arange(next_unknown, next_unknown - count, -1, dtype=np.int32), False))
         next_unknown -= count
+    state.next_unknown = next_unknown
     return result
 
 
@@ -207,29 +236,43 @@ def _is_stop(finish_reason: str | None) -> bool:
     return finish_reason not in LENGTH_FINISH_REASONS
 
 
-def _namespaces(records: Sequence[Record]) -> tuple[np.ndarray, list[str]]:
+def _namespaces(
+    records: Sequence[Record], chunk_state: ChunkState | None
+) -> tuple[np.ndarray, list[str]]:
     """One id per distinct (model, cache_salt, LoRA), and its label; none is namespace 0 ("").
 
-    The model counts only when the log holds several: each model is served by its own engine,
-    whose cache no other model's request can hit.
+    The model counts when the log holds several: each model is served by its own engine, whose
+    cache no other model's request can hit. A chunk of a longer log always keys by model (its
+    ids must hold for chunks still to come); its labels name models only once several were seen.
     """
-    several_models = len({r.model for r in records}) > 1
-    ids: dict[tuple[str, str, str], int] = {("", "", ""): 0}
+    if chunk_state is None:
+        include_model = len({r.model for r in records}) > 1
+        ids: dict[tuple[str, str, str], int] = {("", "", ""): 0}
+    else:
+        include_model = True
+        ids = chunk_state.namespace_ids
+        chunk_state.models.update(r.model or "" for r in records)
     namespace = np.array(
         [
             ids.setdefault(
-                ((r.model or "") if several_models else "", r.cache_salt or "", r.lora or ""),
+                ((r.model or "") if include_model else "", r.cache_salt or "", r.lora or ""),
                 len(ids),
             )
             for r in records
         ],
         np.int32,
     )
-    labels = [
+    if chunk_state is not None:
+        return namespace, chunk_state.labels()
+    return namespace, _namespace_labels(ids, several_models=include_model)
+
+
+def _namespace_labels(ids: dict[tuple[str, str, str], int], *, several_models: bool) -> list[str]:
+    return [
         ", ".join(
             part
             for part in (
-                model and f"model={model}",
+                several_models and model and f"model={model}",
                 salt and f"cache_salt={salt}",
                 lora and f"lora={lora}",
             )
@@ -237,7 +280,6 @@ def _namespaces(records: Sequence[Record]) -> tuple[np.ndarray, list[str]]:
         )
         for model, salt, lora in ids
     ]
-    return namespace, labels
 
 
 def _arrivals(records: Sequence[Record]) -> np.ndarray | None:

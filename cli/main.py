@@ -18,7 +18,7 @@ from analyzer.export import write_table
 from analyzer.gates import LossLimit, evaluate_gates
 from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS
-from analyzer.pipeline import AnalyzeOptions, analyze
+from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS, AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
 from cache_models.config import SGLANG_EVICTION_POLICIES, TimeModel
 from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
@@ -126,6 +126,14 @@ def analyze_command(
     decode_tokens_per_s: Annotated[
         float, typer.Option(min=0.001, help="Time model: output tokens per second per request.")
     ] = TimeModel.decode_tokens_per_s,
+    diagnose_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Logs with more prompt tokens are streamed (memory follows the caches, not the "
+            "log) and diagnosed on their first N tokens.",
+        ),
+    ] = DEFAULT_SAMPLE_TOKENS,
     hash_block_size: HashBlockSize = None,
     prompt_field: PromptField = None,
     messages_field: MessagesField = None,
@@ -220,6 +228,7 @@ def analyze_command(
         chat_template_kwargs=kwargs,
         cache_dir=cache_dir(cache),
         fast_tokenizer=fast_tokenizer,
+        sample_tokens=diagnose_tokens,
     )
     try:
         limits = [LossLimit.parse(text) for text in max_loss or []]

@@ -179,14 +179,48 @@ def load_logs(
     progress: Progress | None = None,
 ) -> LoadResult:
     """Read every file; a bad line becomes a Skip (or, with ``strict``, a StrictModeError)."""
+    result = LoadResult()
+    result.records = list(
+        iter_records(
+            paths,
+            format_name,
+            result,
+            strict=strict,
+            hash_block_size=hash_block_size,
+            fields=fields,
+            progress=progress,
+            hold_answerable=False,
+        )
+    )
+    return result
+
+
+def iter_records(
+    paths: Sequence[Any],
+    format_name: str,
+    result: LoadResult,
+    *,
+    strict: bool = False,
+    hash_block_size: int | None = None,
+    fields: FieldMap | None = None,
+    progress: Progress | None = None,
+    hold_answerable: bool = True,
+) -> Iterator[Record]:
+    """The requests of every file, as they are read; skips, formats and counts go to ``result``.
+
+    A request that a later line may still answer (one with a request id: server logs, Batch
+    files) gets its answer when every file has been read. With ``hold_answerable`` such requests
+    are held back until then, so that a consumer never sees a request before its answer; without
+    it they are yielded at once and filled in afterwards (the consumer must keep them).
+    """
     if format_name != "auto" and format_name not in FORMATS and format_name != MAPPED.name:
         raise PrefixcheckError(
             f"unknown --format {format_name!r}; choose {', '.join(format_names())}"
         )
     progress = progress or NoProgress()
     progress.stage("reading logs", None)
-    result = LoadResult()
     answers: list[Answer] = []
+    answerable: list[Record] = []
     for name in expand_inputs(paths):
         items = _peek(name)
         log_format = _chosen_format(name, items, format_name, fields)
@@ -202,16 +236,20 @@ def load_logs(
                 result.skips.append(item)
             elif isinstance(item, Answer):
                 answers.append(item)
-            elif isinstance(item, list):
-                result.records.extend(item)
             else:
-                result.records.append(item)
-    orphans = join_answers(result.records, answers)
+                for record in item if isinstance(item, list) else [item]:
+                    if record.request_id is not None:
+                        answerable.append(record)
+                        if hold_answerable:
+                            continue
+                    yield record
+    orphans = join_answers(answerable, answers)
     if orphans and strict:
         raise StrictModeError(orphans[0])
     result.skips.extend(orphans)
     result.answers_joined = len(answers) - len(orphans)
-    return result
+    if hold_answerable:
+        yield from answerable
 
 
 def _chosen_format(

@@ -1,0 +1,139 @@
+"""Logs too big to hold in memory: replayed chunk by chunk through engine sessions, which keep
+the caches' state between chunks; memory follows the caches and the prefix trie, not the log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import polars as pl
+
+from analyzer.ingest import Chunk, ChunkedIngest
+from analyzer.per_model import merged_results, model_labels
+from analyzer.progress import Progress
+from analyzer.replay import Replays, ReplaySettings
+from analyzer.token_cache import CacheStats
+from analyzer.workload import LogTable
+from cache_models.prefix_trie import PrefixTrie
+from cache_models.result import ReplayResult
+from cache_models.sglang_radix import SglangRadixCache
+from cache_models.vllm_apc import VllmPrefixCache
+from cache_models.workload import Workload
+
+
+@dataclass(frozen=True)
+class Streamed:
+    log: LogTable  # every request's row
+    replays: Replays  # every request's results, the trie of the whole log
+
+
+class _ServerSessions:
+    """One model's server: its engines' caches, kept between chunks."""
+
+    def __init__(self, settings: ReplaySettings) -> None:
+        self.vllm = VllmPrefixCache(settings.vllm()).session()
+        self.sglang = SglangRadixCache(settings.sglang()).session()
+        self.sglang_page1 = (
+            SglangRadixCache(settings.sglang(page_size=1)).session()
+            if settings.page_size != 1
+            else None
+        )
+
+    def feed(self, part: Workload) -> tuple[ReplayResult, ReplayResult, ReplayResult]:
+        sglang = self.sglang.feed(part)
+        page1 = self.sglang_page1.feed(part) if self.sglang_page1 else sglang
+        return self.vllm.feed(part), sglang, page1
+
+
+def stream_replays(
+    read: Iterable[Chunk],
+    rest: Iterator[Chunk],
+    reader: ChunkedIngest,
+    settings: ReplaySettings,
+    progress: Progress,
+) -> Streamed:
+    """Replay the chunks already ``read`` and then the ``rest``, each model on its own caches."""
+    servers: dict[str, _ServerSessions] = {}
+    trie = PrefixTrie()
+    results: list[list[ReplayResult]] = [[], [], [], []]
+    tables = []
+    for chunk in _chained(read, rest):
+        log = chunk.tokenized
+        workload = log.workload
+        progress.stage("replaying (streamed)", None)
+        models = model_labels(log.requests["model"])
+        per_engine: list[list[tuple[np.ndarray, ReplayResult]]] = [[], [], []]
+        for name in dict.fromkeys(models):
+            indices = np.flatnonzero(models == name)
+            part = workload if len(indices) == workload.n_requests else workload.select(indices)
+            server = servers.setdefault(name, _ServerSessions(settings))
+            for engine, result in enumerate(server.feed(part)):
+                per_engine[engine].append((indices, result))
+        for engine, parts in enumerate(per_engine):
+            results[engine].append(merged_results(parts, workload.n_requests))
+        (ideal,) = trie.feed(workload)
+        results[3].append(ReplayResult("ideal", ideal))
+        tables.append(_table_only(log))
+    assert trie.nodes is not None
+    vllm, sglang, page1, ideal = (_concatenated(parts) for parts in results)
+    table = LogTable(
+        requests=pl.concat([t.requests for t in tables], how="vertical_relaxed"),
+        skips=[skip for t in tables for skip in t.skips],
+        namespace_labels=reader.state.labels(),
+        from_text=any(t.from_text for t in tables),
+        assumed_stop_finish=sum(t.assumed_stop_finish for t in tables),
+        token_cache=CacheStats.total([t.token_cache for t in tables]),
+    )
+    return Streamed(table, Replays(vllm, sglang, page1, ideal, trie.nodes))
+
+
+def sample_of(replays: Replays, sample: Workload) -> Replays:
+    """The leading requests' results (a sequential replay's first k requests are the same alone),
+    with a trie of the sample only, for the diagnosis of the sample."""
+    n = sample.n_requests
+
+    def head(result: ReplayResult) -> ReplayResult:
+        counters = {name: values[:n] for name, values in result.counters.items()}
+        return replace(result, hit_tokens=result.hit_tokens[:n], counters=counters, metrics={})
+
+    trie = PrefixTrie()
+    trie.replay(sample)
+    assert trie.nodes is not None
+    return Replays(
+        head(replays.vllm),
+        head(replays.sglang),
+        head(replays.sglang_page1),
+        head(replays.ideal),
+        trie.nodes,
+    )
+
+
+def _chained(read: Iterable[Chunk], rest: Iterator[Chunk]) -> Iterator[Chunk]:
+    yield from read
+    yield from rest
+
+
+def _table_only(log: LogTable) -> LogTable:
+    """A chunk's rows without its tokens (so they can be freed)."""
+    return LogTable(
+        requests=log.requests,
+        skips=log.skips,
+        namespace_labels=log.namespace_labels,
+        from_text=log.from_text,
+        assumed_stop_finish=log.assumed_stop_finish,
+        token_cache=log.token_cache,
+    )
+
+
+def _concatenated(parts: list[ReplayResult]) -> ReplayResult:
+    """The chunks' results of one engine as one, metrics summed."""
+    first = parts[0]
+    return replace(
+        first,
+        hit_tokens=np.concatenate([p.hit_tokens for p in parts]),
+        counters={
+            name: np.concatenate([p.counters[name] for p in parts]) for name in first.counters
+        },
+        metrics={name: sum(p.metrics.get(name, 0) for p in parts) for name in first.metrics},
+    )
