@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from analyzer.errors import Skip
@@ -157,3 +159,9 @@ def _share(part: int, whole: int) -> float:
 def _reason_kind(reason: str) -> str:
     """Group reasons that differ only in details (a position, a value) under one heading."""
     return reason.split(" (", 1)[0]
+
+
+def report_schema() -> dict[str, Any]:
+    """The published JSON Schema of ``Report.to_dict`` (analyzer/schemas/report.schema.json)."""
+    text = resources.files("analyzer").joinpath("schemas", "report.schema.json").read_text("utf-8")
+    return json.loads(text)

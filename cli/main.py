@@ -20,6 +20,7 @@ from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS
 from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS, AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
+from analyzer.report import report_schema
 from cache_models.config import SGLANG_EVICTION_POLICIES, TimeModel
 from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
 from cli.compare import compare_command
@@ -83,6 +84,14 @@ def _root(
 
 
 app.command("compare")(compare_command)
+
+
+@app.command("schema")
+def schema_command() -> None:
+    """Print the JSON Schema of `analyze --json` reports."""
+    print(json.dumps(report_schema(), indent=2))
+
+
 app.command("lint")(lint_command)
 app.command("measure")(measure_command)
 app.command("export-trace")(export_trace_command)
