@@ -12,12 +12,17 @@ three replay modes. The reference's objects map to arrays:
   can only add a hit.
 - **Blocks.** One row each: ref_cnt and four links: the copies of one key form a list in
   insertion order (DUP_NEXT / DUP_PREV), the free queue's cached run a doubly linked FIFO
-  (Q_NEXT / Q_PREV); and the block's key. The map is open addressing with linear probing, one row
-  per slot (key, oldest copy, newest copy), deleted by backward shift.
+  (Q_NEXT / Q_PREV); and the block's key. The map is open addressing with linear probing (a key
+  and its oldest and newest copy per slot, at most half the slots used), deleted by backward
+  shift. About 60 bytes per block in all.
 - **Free queue.** vLLM's queue is always three runs, kept as three structures: uncached freed
-  blocks at the head (a stack: vLLM prepends them), never-used blocks in id order (ids are handed
-  out lazily, so memory follows the blocks in use, not the capacity), and cached freed blocks (the
-  FIFO: appended at the tail, touched out of the middle, evicted from the head).
+  blocks at the head (a stack linked through Q_NEXT: vLLM prepends them), never-used blocks in id
+  order (ids are handed out lazily, so memory follows the blocks in use, never more than the
+  capacity), and cached freed blocks (the FIFO: appended at the tail, touched out of the middle,
+  evicted from the head).
+- **Unbounded pools** never evict, so a copy of a key after the first is never looked up: it is
+  uncached when its last reference goes (the results are the same) and memory follows the distinct
+  blocks, not how often a block is recomputed.
 """
 
 from __future__ import annotations
@@ -40,12 +45,12 @@ M2 = np.uint64(0xC4CEB9FE1A85EC53)
 SEED = np.uint64(0x243F6A8885A308D3)
 SHIFT = np.uint64(33)
 
-# Columns of Pool.blocks, Pool.tab, Slots.info; rows of the tally; entries of Pool.state.
+# Columns of Pool.blocks, Pool.map_copies, Slots.info; rows of the tally; entries of Pool.state.
 REF_CNT, DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV = range(5)
-KEY, FIRST, LAST = range(3)
+FIRST, LAST = range(2)
 REQ, N_BLOCKS, N_CACHED, N_COMPUTED = range(4)
 HIT, EVICTED, INSERTED, DUPLICATE, PREEMPTIONS, REHIT = range(6)
-Q_HEAD, Q_TAIL, Q_LEN, STACK_LEN, NEXT_FRESH, LIMIT = range(6)
+Q_HEAD, Q_TAIL, Q_LEN, STACK_TOP, STACK_LEN, NEXT_FRESH, LIMIT = range(7)
 
 
 class Pool(NamedTuple):
@@ -53,9 +58,9 @@ class Pool(NamedTuple):
 
     blocks: np.ndarray  # int32 [block, 5]: REF_CNT, DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV
     key: np.ndarray  # int64 per block, valid while cached
-    stack: np.ndarray  # int32: uncached freed blocks, the top is the queue's head
-    tab: np.ndarray  # int64 [slot, 3]: KEY, FIRST, LAST copy; FIRST = NONE: an empty slot
-    state: np.ndarray  # int64: Q_HEAD, Q_TAIL, Q_LEN, STACK_LEN, NEXT_FRESH, LIMIT
+    map_key: np.ndarray  # int64 per map slot
+    map_copies: np.ndarray  # int32 [slot, 2]: FIRST, LAST copy; FIRST = NONE: an empty slot
+    state: np.ndarray  # int64: Q_HEAD, Q_TAIL, Q_LEN, STACK_TOP, STACK_LEN, NEXT_FRESH, LIMIT
 
 
 class Slots(NamedTuple):
@@ -130,47 +135,50 @@ def new_pool(limit: int, size: int) -> Pool:
     n_slots = 4
     while n_slots < 2 * size:
         n_slots *= 2
-    state = np.zeros(6, np.int64)
+    state = np.zeros(7, np.int64)
     state[Q_HEAD] = NONE
     state[Q_TAIL] = NONE
+    state[STACK_TOP] = NONE
     state[NEXT_FRESH] = 1
     state[LIMIT] = limit
     blocks = np.full((size, 5), NONE, np.int32)
     for b in range(size):
         blocks[b, REF_CNT] = 0
-    tab = np.full((n_slots, 3), NONE, np.int64)
-    return Pool(blocks, np.zeros(size, np.int64), np.zeros(size, np.int32), tab, state)
+    map_copies = np.full((n_slots, 2), NONE, np.int32)
+    return Pool(blocks, np.zeros(size, np.int64), np.zeros(n_slots, np.int64), map_copies, state)
 
 
 @jit
 def reserve(pool: Pool, n_new: int) -> Pool:
-    """The pool with room for ``n_new`` more never-used blocks: arrays and map grow together."""
+    """The pool with room for ``n_new`` more never-used blocks: arrays and map grow together,
+    doubling, never beyond the usable blocks."""
     size = len(pool.key)
-    needed = min(pool.state[NEXT_FRESH] + n_new, pool.state[LIMIT] + 1)
+    limit = pool.state[LIMIT] + 1
+    needed = min(pool.state[NEXT_FRESH] + n_new, limit)
     if needed <= size:
         return pool
-    grown = new_pool(pool.state[LIMIT], max(needed, 2 * size))
+    grown = new_pool(pool.state[LIMIT], min(max(needed, 2 * size), limit))
     for b in range(size):
         for c in range(5):
             grown.blocks[b, c] = pool.blocks[b, c]
         grown.key[b] = pool.key[b]
-        grown.stack[b] = pool.stack[b]
     for i in range(len(pool.state)):
         grown.state[i] = pool.state[i]
-    for i in range(len(pool.tab)):  # rehash
-        if pool.tab[i, FIRST] != NONE:
-            j = _slot(grown, pool.tab[i, KEY])
-            for c in range(3):
-                grown.tab[j, c] = pool.tab[i, c]
+    for i in range(len(pool.map_key)):  # rehash
+        if pool.map_copies[i, FIRST] != NONE:
+            j = _slot(grown, pool.map_key[i])
+            grown.map_key[j] = pool.map_key[i]
+            grown.map_copies[j, FIRST] = pool.map_copies[i, FIRST]
+            grown.map_copies[j, LAST] = pool.map_copies[i, LAST]
     return grown
 
 
 @jit
 def _slot(pool: Pool, key: int) -> int:
     """The map slot holding ``key``, or else the empty slot where it would go."""
-    mask = len(pool.tab) - 1
+    mask = len(pool.map_key) - 1
     i = key & mask
-    while pool.tab[i, FIRST] != NONE and pool.tab[i, KEY] != key:
+    while pool.map_copies[i, FIRST] != NONE and pool.map_key[i] != key:
         i = (i + 1) & mask
     return i
 
@@ -191,17 +199,36 @@ def _unlink(pool: Pool, block: int) -> None:
     pool.state[Q_LEN] -= 1
 
 
+@njit(cache=True, error_model="numpy", inline="always")  # in the eviction loop: inlined
+def _uncache(pool: Pool, block: int) -> None:
+    """Take a cached block out of its key's copies; the key leaves the map with its last copy."""
+    links, copies = pool.blocks, pool.map_copies
+    slot = _slot(pool, pool.key[block])
+    prev, nxt = links[block, DUP_PREV], links[block, DUP_NEXT]
+    if prev == NONE:
+        copies[slot, FIRST] = nxt
+    else:
+        links[prev, DUP_NEXT] = nxt
+    if nxt == NONE:
+        copies[slot, LAST] = prev
+    else:
+        links[nxt, DUP_PREV] = prev
+    if copies[slot, FIRST] == NONE:
+        _delete_slot(pool, slot)
+
+
 @jit
 def add_blocks(
     pool: Pool, table: np.ndarray, start: int, stop: int, tally: np.ndarray, r: int
 ) -> None:
     """Fill table[start:stop] from the queue head (needs ``reserve`` first); a cached block popped
-    from the FIFO is evicted: its copy leaves the map, and its key too if no copy is left."""
-    st, links, tab = pool.state, pool.blocks, pool.tab
+    from the FIFO is evicted."""
+    st, links = pool.state, pool.blocks
     for i in range(start, stop):
         if st[STACK_LEN] > 0:
+            block = st[STACK_TOP]
+            st[STACK_TOP] = links[block, Q_NEXT]
             st[STACK_LEN] -= 1
-            block = np.int64(pool.stack[st[STACK_LEN]])
         elif st[NEXT_FRESH] <= st[LIMIT]:
             block = st[NEXT_FRESH]
             st[NEXT_FRESH] += 1
@@ -214,39 +241,30 @@ def add_blocks(
                 links[st[Q_HEAD], Q_PREV] = NONE
             st[Q_LEN] -= 1
             tally[EVICTED, r] += 1
-            slot = _slot(pool, pool.key[block])
-            prev, nxt = links[block, DUP_PREV], links[block, DUP_NEXT]
-            if prev == NONE:
-                tab[slot, FIRST] = nxt
-            else:
-                links[prev, DUP_NEXT] = nxt
-            if nxt == NONE:
-                tab[slot, LAST] = prev
-            else:
-                links[nxt, DUP_PREV] = prev
-            if tab[slot, FIRST] == NONE:
-                _delete_slot(tab, slot)
+            _uncache(pool, block)
         links[block, REF_CNT] = 1
         table[i] = block
 
 
 @jit
-def _delete_slot(tab: np.ndarray, hole: int) -> None:
+def _delete_slot(pool: Pool, hole: int) -> None:
     """Linear probing's backward-shift deletion: entries after the hole move back unless their
     home lies cyclically in (hole, j]."""
-    mask = len(tab) - 1
+    keys, copies = pool.map_key, pool.map_copies
+    mask = len(keys) - 1
     j = hole
     while True:
         j = (j + 1) & mask
-        if tab[j, FIRST] == NONE:
+        if copies[j, FIRST] == NONE:
             break
-        home = tab[j, KEY] & mask
+        home = keys[j] & mask
         if (hole < home <= j) if hole <= j else (hole < home or home <= j):
             continue
-        for c in range(3):
-            tab[hole, c] = tab[j, c]
+        keys[hole] = keys[j]
+        copies[hole, FIRST] = copies[j, FIRST]
+        copies[hole, LAST] = copies[j, LAST]
         hole = j
-    tab[hole, FIRST] = NONE
+    copies[hole, FIRST] = NONE
 
 
 @jit
@@ -260,22 +278,22 @@ def cache_blocks(
     r: int,
 ) -> None:
     """Cache table[start:stop] under their keys, each as the newest copy of its key."""
-    links, tab = pool.blocks, pool.tab
+    links, copies = pool.blocks, pool.map_copies
     for i in range(start, stop):
         block, key = table[i], keys[i]
         pool.key[block] = key
         links[block, DUP_NEXT] = NONE
         slot = _slot(pool, key)
-        if tab[slot, FIRST] == NONE:
-            tab[slot, KEY] = key
-            tab[slot, FIRST] = block
+        if copies[slot, FIRST] == NONE:
+            pool.map_key[slot] = key
+            copies[slot, FIRST] = block
             last = NONE
         else:
-            last = tab[slot, LAST]
+            last = copies[slot, LAST]
             links[last, DUP_NEXT] = block
             tally[DUPLICATE, r] += 1
         links[block, DUP_PREV] = last
-        tab[slot, LAST] = block
+        copies[slot, LAST] = block
         tally[INSERTED, r] += 1
 
 
@@ -285,7 +303,7 @@ def lookup(pool: Pool, keys: np.ndarray, max_blocks: int, table: np.ndarray) -> 
     written to ``table``; returns their number."""
     k = 0
     while k < max_blocks:
-        block = pool.tab[_slot(pool, keys[k]), FIRST]
+        block = pool.map_copies[_slot(pool, keys[k]), FIRST]
         if block == NONE:
             break
         table[k] = block
@@ -376,27 +394,39 @@ def next_slot(slots: Slots) -> tuple[Slots, int]:
 def release(pool: Pool, slots: Slots, s: int) -> None:
     """vLLM's free of the request in row s, last block first: the uncached tail goes to the head
     of the queue (reused last block first), cached blocks that reach ref_cnt 0 to the FIFO's
-    tail. Then the row is free."""
+    tail (in an unbounded pool a later copy of a key is uncached instead). Then the row is free."""
     table, n_blocks, n_cached = slots.tables[s], slots.info[s, N_BLOCKS], slots.info[s, N_CACHED]
     st, links = pool.state, pool.blocks
     for i in range(n_cached, n_blocks):  # the last one pushed becomes the head
         links[table[i], REF_CNT] -= 1
-        pool.stack[st[STACK_LEN]] = table[i]
-        st[STACK_LEN] += 1
+        _push_uncached(pool, table[i])
     for i in range(n_cached - 1, -1, -1):
         block = table[i]
         links[block, REF_CNT] -= 1
-        if links[block, REF_CNT] == 0:
-            links[block, Q_PREV] = st[Q_TAIL]
-            links[block, Q_NEXT] = NONE
-            if st[Q_TAIL] == NONE:
-                st[Q_HEAD] = block
-            else:
-                links[st[Q_TAIL], Q_NEXT] = block
-            st[Q_TAIL] = block
-            st[Q_LEN] += 1
+        if links[block, REF_CNT] > 0:
+            continue
+        if st[LIMIT] == UNBOUNDED and links[block, DUP_PREV] != NONE:
+            _uncache(pool, block)
+            _push_uncached(pool, block)
+            continue
+        links[block, Q_PREV] = st[Q_TAIL]
+        links[block, Q_NEXT] = NONE
+        if st[Q_TAIL] == NONE:
+            st[Q_HEAD] = block
+        else:
+            links[st[Q_TAIL], Q_NEXT] = block
+        st[Q_TAIL] = block
+        st[Q_LEN] += 1
     slots.free[slots.n_free[0]] = s
     slots.n_free[0] += 1
+
+
+@jit
+def _push_uncached(pool: Pool, block: int) -> None:
+    """Put a freed uncached block on top of the stack (the head of vLLM's queue)."""
+    pool.blocks[block, Q_NEXT] = pool.state[STACK_TOP]
+    pool.state[STACK_TOP] = block
+    pool.state[STACK_LEN] += 1
 
 
 @jit
@@ -422,6 +452,7 @@ def append_slot(pool: Pool, slots: Slots, s: int, block_size: int, tally: np.nda
 
 @jit
 def replay_lock_step(
+    pool: Pool,
     p_tok: np.ndarray,
     p_off: np.ndarray,
     o_tok: np.ndarray,
@@ -429,18 +460,16 @@ def replay_lock_step(
     namespace: np.ndarray,
     runnable: np.ndarray,
     block_size: int,
-    limit: int,
     max_in_flight: int,
     width: int,
     tally: np.ndarray,
-) -> None:
+) -> Pool:
     """vLLM's scheduler loop in lock-step (see ``vllm_apc``): decode first, preempting the newest
     running request when blocks run out; FCFS admission in steps without a preemption."""
     n = len(runnable)
     prompt_len = p_off[1:] - p_off[:-1]
     n_out = o_off[1:] - o_off[:-1]
     num_tokens = prompt_len.copy()  # prompt + generated so far, per request
-    pool = new_pool(limit, min(limit + 1, 1024))
     max_rows = max(1, min(max_in_flight, n))
     slots = new_slots(max_rows, width)
     head_keys = np.zeros(width, np.int64)  # keys of the waiting head, kept while it waits
@@ -455,7 +484,7 @@ def replay_lock_step(
         while next_new < n and not runnable[next_new]:
             next_new += 1
         if n_running == 0 and n_preempted == 0 and next_new == n:
-            return
+            return pool
         n_scheduled = 0
         preempted = False
         pool = reserve(pool, n_running)
@@ -533,6 +562,7 @@ def replay_lock_step(
 
 @jit
 def replay_in_time(
+    pool: Pool,
     p_tok: np.ndarray,
     p_off: np.ndarray,
     o_tok: np.ndarray,
@@ -540,18 +570,16 @@ def replay_in_time(
     namespace: np.ndarray,
     runnable: np.ndarray,
     block_size: int,
-    limit: int,
     max_in_flight: int,
     width: int,
     tally: np.ndarray,
     arrival: np.ndarray,
     prefill_rate: float,
     decode_rate: float,
-) -> None:
+) -> Pool:
     """Arrival-time replay, each request scheduled whole at admission (see ``vllm_apc``); the
     sequential replay is the case of arrivals all 0 and one in flight."""
     n = len(runnable)
-    pool = new_pool(limit, min(limit + 1, 1024))
     max_rows = max(1, min(max_in_flight, n))
     slots = new_slots(max_rows, width)
     head_keys = np.zeros(width, np.int64)
@@ -611,6 +639,7 @@ def replay_in_time(
             _heap_push(heap_time, heap_order, heap_row, n_running, now + service, admissions, s)
             n_running += 1
             admissions += 1
+    return pool
 
 
 @jit

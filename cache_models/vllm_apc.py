@@ -10,7 +10,8 @@ cached ones at the tail in reverse block order) and a cached block is evicted on
 Replay modes, chosen by the config:
 
 - **Sequential** (``max_in_flight == 1``, no ``time_model``): each request is admitted once the
-  previous one has finished.
+  previous one has finished. Only this mode streams: ``session()`` keeps the cache between the
+  chunks of a log, whose results are the rows of replaying the whole log at once.
 - **Lock-step** (``max_in_flight = K > 1``, no ``time_model``): vLLM's scheduler loop as the
   oracle's manager engine drives it. Each step the running requests decode one token each, in
   order; a decode that finds no free block preempts the newest running request (its blocks are
@@ -86,7 +87,36 @@ class VllmPrefixCache:
                 raise ValueError("a time_model replay needs finite arrival times")
         if self.engine == "reference":
             return ReferenceReplay(self.config).replay(workload)
-        return _replay_fast(self.config, workload)
+        return _replay_fast(self.config, workload, None)[0]
+
+    def session(self) -> VllmSession:
+        """A sequential replay fed chunk by chunk (only sequential replays stream)."""
+        if self.config.max_in_flight != 1 or self.config.time_model is not None:
+            raise ValueError(
+                "only sequential replays stream: a session needs max_in_flight=1 and no time_model"
+            )
+        return VllmSession(self.config, self.engine)
+
+
+class VllmSession:
+    """The cache's state between chunks of one log: ``feed`` gives each chunk's rows of the
+    whole log's sequential replay (metrics of the chunk only, so they add up)."""
+
+    def __init__(self, config: VllmConfig, engine: Engine) -> None:
+        self.config = config
+        self.reference = ReferenceReplay(config) if engine == "reference" else None
+        self.pool: kernel.Pool | None = None  # the fast path's pool, once fed
+
+    def feed(self, chunk: Workload) -> ReplayResult:
+        if self.reference is not None:
+            return self.reference.replay(chunk)
+        result, self.pool = _replay_fast(self.config, chunk, self.pool)
+        return result
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the fast path's pool (0 for the reference, whose objects are Python's)."""
+        return 0 if self.pool is None else sum(array.nbytes for array in self.pool)
 
 
 def _peak_blocks(workload: Workload, block_size: int) -> np.ndarray:
@@ -112,11 +142,15 @@ def _result(
     return ReplayResult("vllm", hit_tokens, {name: counters[name] for name in COUNTERS}, metrics)
 
 
-def _replay_fast(config: VllmConfig, workload: Workload) -> ReplayResult:
-    """Run the numba kernel of ``config``'s replay mode."""
+def _replay_fast(
+    config: VllmConfig, workload: Workload, pool: kernel.Pool | None
+) -> tuple[ReplayResult, kernel.Pool]:
+    """Run the numba kernel of ``config``'s replay mode from ``pool`` (None: an empty cache)."""
     size = config.block_size
     peaks = _peak_blocks(workload, size)
     limit = kernel.UNBOUNDED if config.capacity_tokens is None else config.capacity_tokens // size
+    if pool is None:
+        pool = kernel.new_pool(limit, min(limit + 1, 1024))
     runnable = peaks <= limit
     tally = np.zeros((6, workload.n_requests), np.int64)
     args = (
@@ -127,7 +161,6 @@ def _replay_fast(config: VllmConfig, workload: Workload) -> ReplayResult:
         np.ascontiguousarray(workload.namespace, np.int32),
         runnable,
         size,
-        limit,
         config.max_in_flight,
         max(1, int(peaks[runnable].max(initial=0))),
         tally,
@@ -137,11 +170,11 @@ def _replay_fast(config: VllmConfig, workload: Workload) -> ReplayResult:
         assert workload.arrival_s is not None
         arrival = np.maximum.accumulate(np.asarray(workload.arrival_s, np.float64))
         rates = (time_model.prefill_tokens_per_s, time_model.decode_tokens_per_s)
-        kernel.replay_in_time(*args, arrival, *rates)
+        pool = kernel.replay_in_time(pool, *args, arrival, *rates)
     elif config.max_in_flight == 1:
-        kernel.replay_in_time(*args, np.zeros(workload.n_requests), 1.0, 1.0)
+        pool = kernel.replay_in_time(pool, *args, np.zeros(workload.n_requests), 1.0, 1.0)
     else:
-        kernel.replay_lock_step(*args)
+        pool = kernel.replay_lock_step(pool, *args)
     counters = {
         "evicted_blocks": tally[kernel.EVICTED],
         "inserted_blocks": tally[kernel.INSERTED],
@@ -150,7 +183,7 @@ def _replay_fast(config: VllmConfig, workload: Workload) -> ReplayResult:
         "rehit_tokens": tally[kernel.REHIT],
         "rejected": (~runnable).astype(np.int64),
     }
-    return _result(tally[kernel.HIT], counters, size, workload.prompt_lengths)
+    return _result(tally[kernel.HIT], counters, size, workload.prompt_lengths), pool
 
 
 # --------------------------------------------------------------------------------------------------
@@ -176,6 +209,9 @@ class FreeBlockQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
+    def head(self) -> Block:
+        return next(iter(self._queue.values()))
+
     def popleft(self) -> Block:
         return self._queue.popitem(last=False)[1]
 
@@ -193,17 +229,23 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    """vLLM's BlockPool: the blocks, the free queue, and the map from key to cached copies."""
+    """vLLM's BlockPool: the blocks, the free queue, and the map from key to cached copies.
 
-    def __init__(self, num_blocks: int) -> None:
-        self.blocks = [Block(i) for i in range(num_blocks)]
+    An unbounded pool (``num_blocks`` None) adds a new block whenever the queue's head is cached or
+    the queue is empty: a pool too large ever to evict, grown on demand.
+    """
+
+    def __init__(self, num_blocks: int | None) -> None:
+        self.unbounded = num_blocks is None
+        self.blocks = [Block(i) for i in range(num_blocks or 1)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.null_block = self.free_queue.popleft()  # block 0: reserved, never cached or freed
         self.cached: dict[int, dict[int, Block]] = {}  # key -> {block_id: copy}, oldest first
 
     @property
-    def num_free(self) -> int:
-        return len(self.free_queue)
+    def num_free(self) -> float:
+        """Blocks that can be taken now (an unbounded pool never runs out)."""
+        return math.inf if self.unbounded else len(self.free_queue)
 
     def get_cached_block(self, key: int) -> Block | None:
         """The oldest surviving copy of ``key``, if any."""
@@ -213,7 +255,7 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> tuple[list[Block], int]:
         """Pop n blocks from the head; a popped cached block is evicted now. Returns the blocks and
         how many were evicted."""
-        blocks = [self.free_queue.popleft() for _ in range(n)]
+        blocks = [self._pop_free() for _ in range(n)]
         evicted = 0
         for block in blocks:
             if block.key is not None:
@@ -221,6 +263,12 @@ class BlockPool:
                 evicted += 1
             block.ref_cnt = 1
         return blocks, evicted
+
+    def _pop_free(self) -> Block:
+        if self.unbounded and (not self.free_queue or self.free_queue.head().key is not None):
+            self.blocks.append(Block(len(self.blocks)))
+            return self.blocks[-1]
+        return self.free_queue.popleft()
 
     def _evict(self, block: Block) -> None:
         assert block.key is not None
@@ -300,10 +348,10 @@ class Request:
 class KVCacheManager:
     """vLLM's KVCacheManager for one full-attention group: lookup, admission, decode slots, free."""
 
-    def __init__(self, block_size: int, num_blocks: int, counters: dict[str, np.ndarray]) -> None:
+    def __init__(self, block_size: int, num_blocks: int | None) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
-        self.counters = counters
+        self.counters: dict[str, np.ndarray] = {}  # per request of the workload being replayed
 
     def get_computed_blocks(self, req: Request) -> list[Block]:
         """The hit: leading cached blocks, the last token always left to recompute."""
@@ -363,25 +411,26 @@ class KVCacheManager:
 
 
 class ReferenceReplay:
-    """The readable replay: vLLM's objects driven by the scheduler loop of the configured mode."""
+    """The readable replay: vLLM's objects driven by the scheduler loop of the configured mode.
+    The cache outlives a ``replay``: the next one continues from it (a session's chunks)."""
 
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
+        size = config.block_size
+        self.usable = None if config.capacity_tokens is None else config.capacity_tokens // size
+        self.kv = KVCacheManager(size, None if self.usable is None else self.usable + 1)
+        self.keys = BlockKeys(size)
 
     def replay(self, workload: Workload) -> ReplayResult:
         config = self.config
         size = config.block_size
         n = workload.n_requests
         peaks = _peak_blocks(workload, size)
-        if config.capacity_tokens is None:
-            usable = int(peaks.sum()) + 1  # more than could ever be held: no eviction
-        else:
-            usable = config.capacity_tokens // size
         self.counters = {name: np.zeros(n, np.int64) for name in COUNTERS}
-        self.counters["rejected"][:] = peaks > usable
+        if self.usable is not None:
+            self.counters["rejected"][:] = peaks > self.usable
         self.hit_tokens = np.zeros(n, np.int64)
-        self.kv = KVCacheManager(size, usable + 1, self.counters)
-        keys = BlockKeys(size)
+        self.kv.counters = self.counters
         requests: list[Request] = []
         for i in range(n):
             tokens = np.concatenate([workload.prompt(i), workload.output(i)])
@@ -390,7 +439,7 @@ class ReferenceReplay:
                 index=i,
                 prompt_len=prompt_len,
                 max_tokens=len(workload.output(i)),
-                keys=keys.chain(tokens, int(workload.namespace[i])),
+                keys=self.keys.chain(tokens, int(workload.namespace[i])),
                 num_tokens=prompt_len,
             )
             requests.append(request)

@@ -13,6 +13,7 @@ from cache_models.config import TimeModel, VllmConfig
 from cache_models.result import ReplayResult
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
+from tests.chunking import assert_chunks_add_up, random_chunks
 from tests.golden.vllm import to_workload
 from tests.golden.workloads import random_workload
 
@@ -374,3 +375,74 @@ def test_empty_workload(engine: str, max_in_flight: int) -> None:
     result = VllmPrefixCache(config, engine=engine).replay(empty)  # type: ignore[arg-type]
     assert len(result.hit_tokens) == 0
     assert result.metrics["vllm:prefix_cache_queries"] == 0
+
+
+# ---------------------------------------------------------------- sessions (streaming)
+
+
+def session_workload(seed: int) -> Workload:
+    """A random log; every third one with unknown outputs (one unique negative token each)."""
+    requests = random_workload(seed, 150, vocab=(4, 8, 50)[seed % 3])
+    if seed % 3 == 2:
+        for request in requests:
+            request["output_token_ids"] = None
+    return to_workload(requests)
+
+
+def largest_peak(workload: Workload) -> int:
+    return int((workload.prompt_lengths + workload.output_lengths - 1).max())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("capacity", [None, 0.7, 1.5, 6.0], ids=lambda c: f"cap{c}")
+def test_session_chunks_equal_one_replay(
+    engine: str, block_size: int, capacity: float | None
+) -> None:
+    """Capacities in multiples of the largest request: 0.7 rejects some, 1.5 evicts constantly."""
+    for seed in range(300, 306):
+        workload = session_workload(seed)
+        tokens = None if capacity is None else int(capacity * largest_peak(workload))
+        config = VllmConfig(block_size=block_size, capacity_tokens=tokens)
+        whole = VllmPrefixCache(config, engine="reference").replay(workload)
+        session = VllmPrefixCache(config, engine=engine).session()  # type: ignore[arg-type]
+        parts = [session.feed(chunk) for chunk in random_chunks(workload, seed)]
+        assert_chunks_add_up(parts, whole)
+        if capacity == 1.5:
+            assert whole.counters["evicted_blocks"].sum() > 0
+
+
+def test_session_memory_follows_the_capacity_not_the_log() -> None:
+    config = VllmConfig(block_size=4, capacity_tokens=4 * 300)
+    session = VllmPrefixCache(config).session()
+    sizes = []
+    for seed in range(40):  # new content in every chunk
+        result = session.feed(to_workload(random_workload(seed, 100)))
+        sizes.append(session.nbytes)
+    assert result.counters["evicted_blocks"].sum() > 0
+    assert session.pool is not None and len(session.pool.key) == 301
+    assert sizes[-1] == sizes[5]
+
+
+def test_unbounded_session_memory_follows_the_distinct_blocks() -> None:
+    """Requests sent again and again: their recomputed blocks are duplicates, not new memory."""
+    prompts = [seq(100 * i, 32) for i in range(20)]  # whole blocks: the last one is recomputed
+    chunk = Workload.from_lists(prompts, [seq(5000 + 10 * i, 9) for i in range(20)])
+    session = VllmPrefixCache(VllmConfig(block_size=4)).session()
+    first = session.feed(chunk)
+    sizes = []
+    for _ in range(30):
+        again = session.feed(chunk)
+        sizes.append(session.nbytes)
+    assert first.total_hit_tokens == 0
+    assert again.hit_tokens.tolist() == [28] * 20
+    assert again.counters["duplicate_blocks"].tolist() == [3] * 20
+    assert sizes[-1] == sizes[0]
+
+
+@pytest.mark.parametrize(
+    "config", [VllmConfig(max_in_flight=2), VllmConfig(time_model=TimeModel())], ids=repr
+)
+def test_only_sequential_replays_stream(config: VllmConfig) -> None:
+    with pytest.raises(ValueError, match="sequential"):
+        VllmPrefixCache(config).session()
