@@ -46,7 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -208,6 +208,9 @@ class FreeBlockQueue:
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    def __iter__(self) -> Iterator[Block]:
+        return iter(self._queue.values())
 
     def head(self) -> Block:
         return next(iter(self._queue.values()))

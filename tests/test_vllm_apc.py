@@ -11,7 +11,7 @@ import pytest
 from cache_models import _vllm_kernel as kernel
 from cache_models.config import TimeModel, VllmConfig
 from cache_models.result import ReplayResult
-from cache_models.vllm_apc import VllmPrefixCache
+from cache_models.vllm_apc import VllmPrefixCache, VllmSession
 from cache_models.workload import Workload
 from tests.chunking import assert_chunks_add_up, random_chunks
 from tests.golden.vllm import to_workload
@@ -404,12 +404,25 @@ def test_session_chunks_equal_one_replay(
         workload = session_workload(seed)
         tokens = None if capacity is None else int(capacity * largest_peak(workload))
         config = VllmConfig(block_size=block_size, capacity_tokens=tokens)
-        whole = VllmPrefixCache(config, engine="reference").replay(workload)
+        at_once = VllmPrefixCache(config, engine=engine).session()  # type: ignore[arg-type]
+        whole = at_once.feed(workload)
         session = VllmPrefixCache(config, engine=engine).session()  # type: ignore[arg-type]
         parts = [session.feed(chunk) for chunk in random_chunks(workload, seed)]
         assert_chunks_add_up(parts, whole)
+        assert_chunks_add_up([whole], VllmPrefixCache(config, engine="reference").replay(workload))
+        assert session_state(session) == session_state(at_once)
         if capacity == 1.5:
             assert whole.counters["evicted_blocks"].sum() > 0
+
+
+def session_state(session: VllmSession) -> list[object]:
+    """What must carry over chunks: the free queue in order, the cached copies, block ids."""
+    if session.reference is not None:
+        pool = session.reference.kv.pool
+        queue = [(block.block_id, block.key) for block in pool.free_queue]
+        return [queue, {key: list(copies) for key, copies in pool.cached.items()}]
+    assert session.pool is not None
+    return [array.tolist() for array in session.pool]
 
 
 def test_session_memory_follows_the_capacity_not_the_log() -> None:
