@@ -679,8 +679,11 @@ def _compact_arena(t: Tree, old_arena: np.ndarray) -> None:
     t.ints[ARENA_TOP] = top
 
 
-def replay(config: SglangConfig, workload: Workload) -> tuple[dict[str, np.ndarray], Tree]:
-    """Sequential replay: the per-request hit and counters, and the final tree."""
+def replay(
+    config: SglangConfig, workload: Workload, tree: Tree | None = None
+) -> tuple[dict[str, np.ndarray], Tree]:
+    """Sequential replay from ``tree`` (None: an empty cache): the per-request hit and counters,
+    and the tree it leaves."""
     bounded = config.capacity_tokens is not None
     ps = config.page_size
     policy = POLICY_CODES[config.eviction_policy] if bounded else NO_EVICTION
@@ -689,7 +692,8 @@ def replay(config: SglangConfig, workload: Workload) -> tuple[dict[str, np.ndarr
     out = {name: np.zeros(n, np.int64) for name in ("hit", *COUNTERS)}
     lengths = workload.prompt_lengths + workload.output_lengths
     longest = int(lengths.max()) if n else 0
-    tree = new_tree(INITIAL_ROWS, max(4 * longest, INITIAL_ARENA), capacity_pages * ps)
+    if tree is None:
+        tree = new_tree(INITIAL_ROWS, max(4 * longest, INITIAL_ARENA), capacity_pages * ps)
     buf = np.zeros(longest, np.int32)
     inputs = (  # one dtype and layout each, so that the kernel compiles once
         np.ascontiguousarray(workload.prompt_tokens, np.int32),

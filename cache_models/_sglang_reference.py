@@ -117,16 +117,20 @@ class Request:
 
 
 class ReferenceReplay:
-    """One replay of a workload: a ``run_*`` schedule fills the per-request arrays."""
+    """The cache and the scheduler's pass count; ``run`` replays a workload from them with the
+    config's schedule and fills its per-request arrays. The next ``run`` continues from the cache
+    the last one left (a session's chunks)."""
 
-    def __init__(self, config: SglangConfig, workload: Workload) -> None:
+    def __init__(self, config: SglangConfig) -> None:
         self.config = config
-        self.workload = workload
         self.page_size = config.page_size
         self.tree = RadixTree(config.page_size, config.eviction_policy)
         self.pool = KvPool(self.tree, config)
         self.refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
         self.scheduling_passes = 0
+
+    def run(self, workload: Workload) -> None:
+        self.workload = workload
         self.prompt_lengths = workload.prompt_lengths.tolist()
         self.output_lengths = workload.output_lengths.tolist()
         n = workload.n_requests
@@ -135,6 +139,12 @@ class ReferenceReplay:
         self.inserted = np.zeros(n, np.int64)
         self.splits = np.zeros(n, np.int64)
         self.rejected = np.zeros(n, np.int64)
+        if self.config.time_model is not None:
+            self.run_timed()
+        elif self.config.max_in_flight > 1:
+            self.run_lockstep()
+        else:
+            self.run_sequential()
 
     # -- per-request steps -----------------------------------------------------------------------
     def _tokens(self, i: int) -> np.ndarray:

@@ -32,6 +32,10 @@ SGLang has no oracle for concurrency; ``max_in_flight=K > 1`` or a ``time_model`
 A request whose own KV at its peak (prompt + decode tokens, whole pages) exceeds the pool is
 rejected before it is scheduled: hit 0, nothing cached, ``rejected`` = 1, and it counts in neither
 metric. Unbounded capacity (``capacity_tokens=None``) never evicts.
+
+Sequential replays stream: ``session()`` keeps the tree (its clock, eviction heap, hit counts, node
+ids) and the scheduling pass count between the chunks of a log, whose results are the rows of
+replaying the whole log at once.
 """
 
 from __future__ import annotations
@@ -69,22 +73,51 @@ class SglangRadixCache:
                 raise ValueError("arrival times must be finite")
         sequential = config.max_in_flight == 1 and config.time_model is None
         if self.engine == "fast" and sequential:
-            out, _ = _sglang_kernel.replay(config, workload)
-            return _result(workload, out.pop("hit"), out)
-        replay = ReferenceReplay(config, workload)
-        if config.time_model is not None:
-            replay.run_timed()
-        elif config.max_in_flight > 1:
-            replay.run_lockstep()
-        else:
-            replay.run_sequential()
-        counters = {
-            "evicted_tokens": replay.evicted,
-            "inserted_tokens": replay.inserted,
-            "node_splits": replay.splits,
-            "rejected": replay.rejected,
-        }
-        return _result(workload, replay.hit, counters)
+            return self.session().feed(workload)
+        replay = ReferenceReplay(config)
+        replay.run(workload)
+        return _reference_result(workload, replay)
+
+    def session(self) -> SglangSession:
+        """A sequential replay fed chunk by chunk (only sequential replays stream)."""
+        if self.config.max_in_flight != 1 or self.config.time_model is not None:
+            raise ValueError(
+                "only sequential replays stream: a session needs max_in_flight=1 and no time_model"
+            )
+        return SglangSession(self.config, self.engine)
+
+
+class SglangSession:
+    """The cache's state between chunks of one log (the tree, its clock and eviction heap, the
+    scheduler's pass count): ``feed`` gives each chunk's rows of the whole log's sequential
+    replay (metrics of the chunk only, so they add up)."""
+
+    def __init__(self, config: SglangConfig, engine: SglangEngine) -> None:
+        self.config = config
+        self.reference = ReferenceReplay(config) if engine == "reference" else None
+        self.tree: _sglang_kernel.Tree | None = None  # the fast path's tree, once fed
+
+    def feed(self, chunk: Workload) -> ReplayResult:
+        if self.reference is not None:
+            self.reference.run(chunk)
+            return _reference_result(chunk, self.reference)
+        out, self.tree = _sglang_kernel.replay(self.config, chunk, self.tree)
+        return _result(chunk, out.pop("hit"), out)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the fast path's tree (0 for the reference, whose objects are Python's)."""
+        return 0 if self.tree is None else sum(array.nbytes for array in self.tree)
+
+
+def _reference_result(workload: Workload, replay: ReferenceReplay) -> ReplayResult:
+    counters = {
+        "evicted_tokens": replay.evicted,
+        "inserted_tokens": replay.inserted,
+        "node_splits": replay.splits,
+        "rejected": replay.rejected,
+    }
+    return _result(workload, replay.hit, counters)
 
 
 def _result(workload: Workload, hit: np.ndarray, counters: dict[str, np.ndarray]) -> ReplayResult:

@@ -10,8 +10,9 @@ import pytest
 from cache_models import _sglang_kernel
 from cache_models.config import SGLANG_EVICTION_POLICIES, SglangConfig, TimeModel
 from cache_models.result import ReplayResult
-from cache_models.sglang_radix import SglangRadixCache
+from cache_models.sglang_radix import SglangRadixCache, SglangSession
 from cache_models.workload import Workload
+from tests.chunking import assert_chunks_add_up, random_chunks
 from tests.golden.workloads import random_workload
 from tests.test_sglang_golden import tokens_workload
 
@@ -384,3 +385,85 @@ def test_bad_inputs_are_refused() -> None:
         timed.replay(Workload.from_lists([[1, 2]]))
     with pytest.raises(ValueError, match="finite"):
         timed.replay(Workload.from_lists([[1, 2], [1, 2]], arrival_s=[0.0, float("nan")]))
+
+
+# -- sessions (streaming) --------------------------------------------------------------------------
+def session_workload(seed: int) -> Workload:
+    """A random log; every third one with unknown outputs (one unique negative token each)."""
+    requests = random_workload(seed, 120, vocab=(4, 8, 50)[seed % 3])
+    if seed % 3 == 2:
+        for request in requests:
+            request["output_token_ids"] = None
+    return tokens_workload(requests)
+
+
+@pytest.mark.parametrize("policy", SGLANG_EVICTION_POLICIES)
+@pytest.mark.parametrize(("page_size", "chunk"), [(1, 0), (1, 7), (4, 10), (16, 0), (16, 40)])
+def test_session_chunks_equal_one_replay(policy: str, page_size: int, chunk: int) -> None:
+    """Capacities in multiples of the largest request: 0.8 rejects some, 1.3 evicts constantly."""
+    for seed in range(400, 403):
+        workload = session_workload(seed)
+        largest = largest_request(workload)
+        capacities = [int(0.8 * largest), int(1.3 * largest) + page_size, 5 * largest]
+        if policy == "lru":
+            capacities.append(None)
+        for capacity in capacities:
+            config = SglangConfig(
+                page_size=page_size,
+                capacity_tokens=capacity,
+                eviction_policy=policy,  # type: ignore[arg-type]
+                chunked_prefill_size=chunk,
+            )
+            at_once = {engine: new_session(config, engine) for engine in ENGINES}
+            whole = at_once["reference"].feed(workload)
+            at_once["fast"].feed(workload)
+            for engine in ENGINES:
+                session = new_session(config, engine)
+                parts = [session.feed(part) for part in random_chunks(workload, seed + page_size)]
+                assert_chunks_add_up(parts, whole)
+                assert session_state(session) == session_state(at_once[engine])
+
+
+def new_session(config: SglangConfig, engine: str) -> SglangSession:
+    return SglangRadixCache(config, engine=engine).session()  # type: ignore[arg-type]
+
+
+def session_state(session: SglangSession) -> list[object]:
+    """What must carry over chunks: the pass count, the clock, node ids, stamps, stats, tokens."""
+    if session.reference is not None:
+        tree = session.reference.tree
+        passes = session.reference.scheduling_passes
+        return [passes, tree.clock, tree.node_splits, tree.evictable_size]
+    k, t = _sglang_kernel, session.tree
+    assert t is not None
+    live = np.flatnonzero(t.nodes[:, k.VERSION] >= 0)
+    columns = [k.PARENT, k.N_CHILDREN, k.NAMESPACE, k.LOCK_REF, k.HIT_COUNT, k.PRIORITY]
+    spans = t.nodes[live][:, [k.KEY_START, k.KEY_LEN]].tolist()
+    scalars = [k.PASSES, k.CLOCK, k.SPLITS, k.EVICTED, k.EVICTABLE, k.PROTECTED, k.POOL_FREE]
+    return [
+        live.tolist(),
+        t.nodes[live][:, columns].tolist(),
+        t.times[live].tolist(),
+        [t.arena[start : start + length].tolist() for start, length in spans],
+        t.ints[scalars].tolist(),
+    ]
+
+
+def test_session_memory_follows_the_capacity_not_the_log() -> None:
+    config = SglangConfig(page_size=4, capacity_tokens=600)
+    session = SglangRadixCache(config).session()
+    sizes = []
+    for seed in range(40):  # new content in every chunk
+        result = session.feed(random_tokens_workload(seed, 100))
+        sizes.append(session.nbytes)
+    assert result.counters["evicted_tokens"].sum() > 0
+    assert session.tree is not None and len(session.tree.nodes) == _sglang_kernel.INITIAL_ROWS
+    assert sizes[-1] == sizes[5]
+
+
+@pytest.mark.parametrize(
+    "config", [SglangConfig(max_in_flight=2), SglangConfig(time_model=TimeModel())], ids=repr
+)
+def test_only_sequential_replays_stream(config: SglangConfig) -> None:
+    with pytest.raises(ValueError, match="sequential"):
+        SglangRadixCache(config).session()
