@@ -17,10 +17,14 @@ what the engine keeps of ``s``: vLLM ``floor((L' + n' - 1) / B) * B`` tokens (al
 last), SGLang ``floor((L' + k) / P) * P`` with ``k`` the outputs it inserts (all on a stop, all but
 the last on a length finish). Each node keeps, per view, the most any sequence through it keeps,
 so ``D`` is read off the nodes the prompt passes, with memory per node, not per token.
+
+A log can be fed chunk by chunk (``PrefixTrie.feed``): the trie, its views and the request count
+carry over, so the hits and the final nodes are those of one pass over the whole log.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +35,10 @@ from cache_models.result import ReplayResult
 from cache_models.workload import Workload
 
 _NO_CHILD = -1
+# Columns of the kernel's node matrix, in TrieNodes' order; entries of its sizes.
+PARENT, START, LENGTH, DEPTH, COUNT, FIRST, SPACE = range(7)
+N_COLUMNS = 7
+N_NODES, N_STORE, N_REQUESTS = range(3)
 
 
 @dataclass(frozen=True)
@@ -73,36 +81,78 @@ class View:
 
 
 class PrefixTrie:
-    """The ideal prefix cache: replays a workload and keeps the trie for later questions."""
+    """The ideal prefix cache, and per ``View`` an engine's unbounded one: replays a workload, or
+    a log chunk by chunk (``feed``), and keeps the trie for later questions."""
 
     engine = "ideal"
 
-    def __init__(self) -> None:
-        self.nodes: TrieNodes | None = None
+    def __init__(self, views: Sequence[View] = (View("ideal"),)) -> None:
+        self._start(views)
+
+    def _start(self, views: Sequence[View]) -> None:
+        self.views = list(views)
+        self._granularity = np.array([v.granularity for v in self.views], np.int64)
+        self._vllm = np.array([v.engine == "vllm" for v in self.views], np.bool_)
+        self._children = Dict.empty(key_type=types.int64, value_type=types.int64)
+        self._columns = np.zeros((1024, N_COLUMNS), np.int64)
+        self._best = np.zeros((1024, len(self.views)), np.int64)
+        self._store = np.zeros(1 << 16, np.int32)
+        self._sizes = np.zeros(3, np.int64)
+        self._sizes[N_NODES] = 1  # node 0: the sentinel above the namespace roots
+        self._nodes: TrieNodes | None = None
+
+    @property
+    def n_requests(self) -> int:
+        """Requests fed so far."""
+        return int(self._sizes[N_REQUESTS])
+
+    def feed(self, chunk: Workload) -> list[np.ndarray]:
+        """Per view, the hits of the chunk's requests, as if the whole log so far were replayed
+        at once. The trie grows geometrically: a feed costs its own content, amortised."""
+        hits, self._columns, self._best, self._store = _feed(
+            self._columns,
+            self._best,
+            self._store,
+            self._children,
+            self._sizes,
+            np.ascontiguousarray(chunk.prompt_tokens, np.int32),
+            np.ascontiguousarray(chunk.prompt_offsets, np.int64),
+            np.ascontiguousarray(chunk.output_tokens, np.int32),
+            np.ascontiguousarray(chunk.output_offsets, np.int64),
+            np.ascontiguousarray(chunk.namespace, np.int64),
+            np.ascontiguousarray(chunk.stop_finish, np.bool_),
+            self._granularity,
+            self._vllm,
+        )
+        self._nodes = None
+        return list(hits)
+
+    @property
+    def nodes(self) -> TrieNodes:
+        """The trie of everything fed so far (a copy: later feeds leave it as it is)."""
+        if self._nodes is None:
+            n, columns = int(self._sizes[N_NODES]), self._columns
+            self._nodes = TrieNodes(
+                *(columns[:n, c].copy() for c in range(N_COLUMNS)),
+                store=self._store[: self._sizes[N_STORE]].copy(),
+            )
+        return self._nodes
 
     def replay(self, workload: Workload) -> ReplayResult:
+        """Start over: the ideal hits of ``workload``."""
         (hits,) = self.replay_views(workload, [View("ideal")])
         return ReplayResult(engine=self.engine, hit_tokens=hits)
 
-    def replay_views(self, workload: Workload, views: list[View]) -> list[np.ndarray]:
-        """Per view, the per-request hits of that engine's unbounded, sequential replay."""
-        hits, columns = _build(
-            workload.prompt_tokens,
-            workload.prompt_offsets,
-            workload.output_tokens,
-            workload.output_offsets,
-            workload.namespace.astype(np.int64),
-            workload.stop_finish,
-            np.array([v.granularity for v in views], np.int64),
-            np.array([v.engine == "vllm" for v in views], np.bool_),
-        )
-        self.nodes = TrieNodes(*columns)
-        return list(hits)
+    def replay_views(self, workload: Workload, views: Sequence[View]) -> list[np.ndarray]:
+        """Start over: per view, the per-request hits of that engine's unbounded, sequential
+        replay of ``workload``."""
+        self._start(views)
+        return self.feed(workload)
 
 
 def unbounded_hits(workload: Workload, views: list[View]) -> list[np.ndarray]:
     """Per view, the hits of an unbounded, sequential replay (exactly the engine models')."""
-    return PrefixTrie().replay_views(workload, views)
+    return PrefixTrie(views).feed(workload)
 
 
 @njit(cache=True)
@@ -135,7 +185,25 @@ def _grow_rows(array: np.ndarray, needed: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _build(
+def _add_node(columns, best, sizes, parent, start, length, depth, count, first, space):
+    """Append a node (the arrays grow geometrically); returns its id and the arrays."""
+    node = sizes[N_NODES]
+    sizes[N_NODES] = node + 1
+    columns = _grow_rows(columns, node + 1)
+    best = _grow_rows(best, node + 1)
+    columns[node, PARENT], columns[node, START], columns[node, LENGTH] = parent, start, length
+    columns[node, DEPTH], columns[node, COUNT], columns[node, FIRST] = depth, count, first
+    columns[node, SPACE] = space
+    return node, columns, best
+
+
+@njit(cache=True)
+def _feed(
+    columns,
+    best,
+    store,
+    children,
+    sizes,
     prompt_tokens,
     prompt_offsets,
     output_tokens,
@@ -145,27 +213,17 @@ def _build(
     view_granularity,
     view_vllm,
 ):
+    """Match then insert each request (see the module docstring); ``best[node, view]`` is the most
+    any sequence through the node keeps in that view."""
     n_requests = len(prompt_offsets) - 1
     n_views = len(view_granularity)
     hits = np.zeros((n_views, n_requests), np.int64)
     reach = np.zeros(n_views, np.int64)  # per view: the longest min(LCP, kept) so far
     kept = np.zeros(n_views, np.int64)  # per view: what the engine keeps of this request
-    children = Dict.empty(key_type=types.int64, value_type=types.int64)
-    cap = 1024
-    parent = np.zeros(cap, np.int64)
-    start = np.zeros(cap, np.int64)
-    length = np.zeros(cap, np.int64)
-    depth = np.zeros(cap, np.int64)
-    count = np.zeros(cap, np.int64)
-    first = np.full(cap, -1, np.int64)
-    space = np.zeros(cap, np.int64)
-    best = np.zeros((cap, n_views), np.int64)  # per node and view: the most kept through it
-    store = np.zeros(1 << 16, np.int32)
-    n_nodes = 1  # node 0: the sentinel above the namespace roots
-    n_store = 0
     seq = np.zeros(1024, np.int32)
 
     for r in range(n_requests):
+        request = sizes[N_REQUESTS] + r  # counted over the whole stream
         p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
         o0, o1 = output_offsets[r], output_offsets[r + 1]
         prompt_len = p1 - p0
@@ -185,19 +243,7 @@ def _build(
 
         root = _child(children, 0, namespace[r])
         if root == _NO_CHILD:
-            root = n_nodes
-            n_nodes += 1
-            if n_nodes > len(parent):
-                parent = _grow(parent, n_nodes)
-                start = _grow(start, n_nodes)
-                length = _grow(length, n_nodes)
-                depth = _grow(depth, n_nodes)
-                count = _grow(count, n_nodes)
-                first = _grow(first, n_nodes)
-                space = _grow(space, n_nodes)
-                best = _grow_rows(best, n_nodes)
-            parent[root], start[root], length[root], depth[root] = 0, 0, 0, 0
-            count[root], first[root], space[root] = 0, -1, namespace[r]
+            root, columns, best = _add_node(columns, best, sizes, 0, 0, 0, 0, 0, -1, namespace[r])
             children[_key(0, namespace[r])] = root
 
         # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
@@ -208,13 +254,14 @@ def _build(
             child = _child(children, node, seq[pos])
             if child == _NO_CHILD:
                 break
+            edge, span = columns[child, START], columns[child, LENGTH]
             m = 0
-            while m < length[child] and pos + m < limit and store[start[child] + m] == seq[pos + m]:
+            while m < span and pos + m < limit and store[edge + m] == seq[pos + m]:
                 m += 1
             pos += m
             for v in range(n_views):
                 reach[v] = max(reach[v], min(pos, best[child, v]))
-            if m < length[child]:
+            if m < span:
                 break
             node = child
         for v in range(n_views):
@@ -230,33 +277,32 @@ def _build(
                 cut = prompt_len if pos < prompt_len else seq_len
                 while pos < seq_len:
                     end = min(cut, seq_len)
-                    n_nodes += 1
-                    if n_nodes > len(parent):
-                        parent = _grow(parent, n_nodes)
-                        start = _grow(start, n_nodes)
-                        length = _grow(length, n_nodes)
-                        depth = _grow(depth, n_nodes)
-                        count = _grow(count, n_nodes)
-                        first = _grow(first, n_nodes)
-                        space = _grow(space, n_nodes)
-                        best = _grow_rows(best, n_nodes)
-                    leaf = n_nodes - 1
+                    n_store = sizes[N_STORE]
                     store = _grow(store, n_store + end - pos)
                     store[n_store : n_store + end - pos] = seq[pos:end]
-                    parent[leaf], start[leaf], length[leaf] = node, n_store, end - pos
-                    depth[leaf] = depth[node] + end - pos
+                    sizes[N_STORE] = n_store + end - pos
                     counted = pos < prompt_len
-                    count[leaf] = 1 if counted else 0
-                    first[leaf] = r if counted else -1
-                    space[leaf] = namespace[r]
+                    leaf, columns, best = _add_node(
+                        columns,
+                        best,
+                        sizes,
+                        node,
+                        n_store,
+                        end - pos,
+                        columns[node, DEPTH] + end - pos,
+                        1 if counted else 0,
+                        request if counted else -1,
+                        namespace[r],
+                    )
                     best[leaf, :] = kept
                     children[_key(node, seq[pos])] = leaf
-                    n_store += end - pos
                     node, pos, cut = leaf, end, seq_len
                 break
-            span = length[child]
+            span = columns[child, LENGTH]
             m = 0
-            while m < span and pos + m < seq_len and store[start[child] + m] == seq[pos + m]:
+            while (
+                m < span and pos + m < seq_len and store[columns[child, START] + m] == seq[pos + m]
+            ):
                 m += 1
             cut = min(m, prompt_len - pos) if pos < prompt_len else m
             if cut < span:
@@ -266,44 +312,32 @@ def _build(
                         best[child, v] = max(best[child, v], kept[v])
                     break
                 # split child at cut: mid takes the first cut tokens
-                n_nodes += 1
-                if n_nodes > len(parent):
-                    parent = _grow(parent, n_nodes)
-                    start = _grow(start, n_nodes)
-                    length = _grow(length, n_nodes)
-                    depth = _grow(depth, n_nodes)
-                    count = _grow(count, n_nodes)
-                    first = _grow(first, n_nodes)
-                    space = _grow(space, n_nodes)
-                    best = _grow_rows(best, n_nodes)
-                mid = n_nodes - 1
-                parent[mid], start[mid], length[mid] = node, start[child], cut
-                depth[mid] = depth[node] + cut
-                count[mid], first[mid], space[mid] = count[child], first[child], space[child]
+                mid, columns, best = _add_node(
+                    columns,
+                    best,
+                    sizes,
+                    node,
+                    columns[child, START],
+                    cut,
+                    columns[node, DEPTH] + cut,
+                    columns[child, COUNT],
+                    columns[child, FIRST],
+                    columns[child, SPACE],
+                )
                 best[mid, :] = best[child, :]
                 children[_key(node, seq[pos])] = mid
-                parent[child] = mid
-                start[child] += cut
-                length[child] -= cut
-                children[_key(mid, store[start[child]])] = child
+                columns[child, PARENT] = mid
+                columns[child, START] += cut
+                columns[child, LENGTH] -= cut
+                children[_key(mid, store[columns[child, START]])] = child
                 child = mid
             if pos < prompt_len:
-                count[child] += 1
-                if first[child] < 0:
-                    first[child] = r
+                columns[child, COUNT] += 1
+                if columns[child, FIRST] < 0:
+                    columns[child, FIRST] = request
             for v in range(n_views):
                 best[child, v] = max(best[child, v], kept[v])
             pos += cut
             node = child
-
-    columns = (
-        parent[:n_nodes].copy(),
-        start[:n_nodes].copy(),
-        length[:n_nodes].copy(),
-        depth[:n_nodes].copy(),
-        count[:n_nodes].copy(),
-        first[:n_nodes].copy(),
-        space[:n_nodes].copy(),
-        store[:n_store].copy(),
-    )
-    return hits, columns
+    sizes[N_REQUESTS] += n_requests
+    return hits, columns, best, store

@@ -3,6 +3,7 @@ find the planted shared prefixes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -14,6 +15,7 @@ from cache_models.prefix_trie import PrefixTrie, View, unbounded_hits
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
+from tests.chunking import random_chunks
 from tests.golden.workloads import random_workload
 
 
@@ -117,3 +119,45 @@ def test_ideal_view_is_the_ceiling() -> None:
     workload = to_workload(random_workload(3, n_requests=100, vocab=6))
     (ideal,) = unbounded_hits(workload, [View("ideal")])
     assert ideal.tolist() == brute_force_ceiling(workload)
+
+
+@pytest.mark.parametrize("seed", range(9))
+def test_feeding_chunks_equals_one_pass(seed: int) -> None:
+    requests = random_workload(seed, n_requests=150, vocab=(4, 8, 50)[seed % 3])
+    if seed % 3 == 2:  # unknown answers: one unique negative token each
+        for request in requests:
+            request["output_token_ids"] = None
+    workload = to_workload(requests)
+    views = [View("ideal"), *(View("vllm", b) for b in (1, 4, 16)), View("sglang", 16)]
+    whole = PrefixTrie(views)
+    expected = whole.feed(workload)
+    trie = PrefixTrie(views)
+    assert trie.nodes.n_nodes == 1
+    parts, snapshot = [], None
+    for chunk in random_chunks(workload, seed):
+        parts.append(trie.feed(chunk))
+        if snapshot is None and trie.n_requests > 40:
+            snapshot = trie.nodes
+            frozen = dataclasses.astuple(snapshot)
+    for view, hits in enumerate(expected):
+        np.testing.assert_array_equal(np.concatenate([part[view] for part in parts]), hits)
+    assert trie.n_requests == workload.n_requests
+    for name, column in dataclasses.asdict(whole.nodes).items():
+        np.testing.assert_array_equal(getattr(trie.nodes, name), column, err_msg=name)
+    assert snapshot is not None  # a snapshot stays as it was while later chunks grow the trie
+    for column, before in zip(dataclasses.astuple(snapshot), frozen, strict=True):
+        np.testing.assert_array_equal(column, before)
+    assert snapshot.n_nodes < trie.nodes.n_nodes
+
+
+def test_first_request_counts_over_the_whole_stream() -> None:
+    trie = PrefixTrie()
+    trie.feed(Workload.from_lists([[1, 2, 3], [1, 2, 4]]))
+    trie.feed(Workload.from_lists([[7, 8, 9], [1, 2, 3, 5]]))
+    nodes = trie.nodes
+    firsts = {
+        tuple(nodes.tokens(n).tolist()): int(nodes.first_request[n])
+        for n in range(2, nodes.n_nodes)
+    }
+    assert firsts[(7, 8, 9)] == 2
+    assert firsts[(1, 2)] == 0 and firsts[(1, 2, 3)] == 0 and firsts[(1, 2, 3, 5)] == 3
