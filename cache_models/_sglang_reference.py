@@ -130,6 +130,7 @@ class ReferenceReplay:
         self.scheduling_passes = 0
 
     def run(self, workload: Workload) -> None:
+        """Replay ``workload`` with the config's schedule, from the cache as it is."""
         self.workload = workload
         self.prompt_lengths = workload.prompt_lengths.tolist()
         self.output_lengths = workload.output_lengths.tolist()
