@@ -13,7 +13,7 @@ import polars as pl
 from analyzer.diagnose import diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.errors import PrefixcheckError
-from analyzer.ingest import Chunk, ChunkedIngest, IngestOptions
+from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.loaders.mapped import FieldMap
 from analyzer.measure.estimate import prefill_estimate
@@ -66,6 +66,7 @@ class AnalyzeOptions:
     # Logs with more prompt tokens stream through the engines chunk by chunk; the diagnosis
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
+    chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
 
     @property
     def ingest(self) -> IngestOptions:
@@ -99,7 +100,7 @@ def analyze(
     shape = preset(options.model_preset)
     settings = options.settings
     reader = ChunkedIngest(paths, options.ingest, progress)
-    chunks = reader.chunks()
+    chunks = reader.chunks(options.chunk_records)
     head = _head(chunks, options.sample_tokens if settings.streamable else None)
     following = next(chunks, None)
     if following is None:  # the whole log fits: replay and diagnose it all in memory
