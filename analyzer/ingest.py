@@ -24,7 +24,9 @@ from analyzer.tokenizer import Tokenizer, load_tokenizer
 from analyzer.workload import ChunkState, TokenizedLog, build_workload
 from cache_models.workload import Workload
 
-CHUNK_RECORDS = 2000  # requests tokenized (and replayed, when streaming) at a time
+CHUNK_RECORDS = 2000  # at most this many requests tokenized (and replayed) at a time
+CHUNK_TOKENS = 4_000_000  # and about this many prompt tokens (estimated before tokenizing)
+CHARS_PER_TOKEN = 3  # a low guess for text, so that chunks of text stay small enough
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class ChunkedIngest:
             fields=self.options.fields,
             progress=self.progress,
         )
-        while batch := list(islice(records, chunk_records)):
+        while batch := _take(records, chunk_records):
             if self.tokenizer is None and (
                 self.options.tokenizer
                 or any(r.messages is not None or r.prompt is not None for r in batch)
@@ -96,6 +98,9 @@ class ChunkedIngest:
                 cache_dir=self.options.cache_dir,
                 chunk_state=self.state,
             )
+            if not any(r.messages for r in batch):
+                for record in batch:  # the workload holds the ids now; only chats are re-rendered
+                    record.prompt_token_ids = record.output_token_ids = None
             yield Chunk(batch, tokenized)
 
     def _renderer(self) -> ChatRenderer:
@@ -126,6 +131,27 @@ class ChunkedIngest:
             )
         self.loaded.records = [r for c in chunks for r in c.records]
         return Ingested(self.loaded, merge(chunks, self.state), self.tokenizer, self._renderer())
+
+
+def _take(records: Iterator[Record], limit: int) -> list[Record]:
+    """The next records, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens."""
+    batch: list[Record] = []
+    tokens = 0
+    for record in islice(records, limit):
+        batch.append(record)
+        tokens += _estimated_tokens(record)
+        if tokens >= CHUNK_TOKENS:
+            break
+    return batch
+
+
+def _estimated_tokens(record: Record) -> int:
+    if record.prompt_token_ids is not None:
+        return len(record.prompt_token_ids)
+    if record.prompt is not None:
+        return len(record.prompt) // CHARS_PER_TOKEN
+    content = sum(len(str(message.get("content") or "")) for message in record.messages or [])
+    return content // CHARS_PER_TOKEN
 
 
 def ingest(paths: list[Path], options: IngestOptions, progress: Progress) -> Ingested:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
 
-DEFAULT_SAMPLE_TOKENS = 64_000_000
+DEFAULT_SAMPLE_TOKENS = 32_000_000
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,13 @@ def analyze(
     else:  # stream the rest through the engines; diagnose the leading sample
         ingested = reader.finished(head)
         sample = ingested.tokenized
-        streamed = stream_replays([*head, following], chunks, reader, settings, progress)
+        del head  # the sample holds their requests now
+        streamed = stream_replays(
+            chain([sample, following.tokenized], (c.tokenized for c in chunks)),
+            reader,
+            settings,
+            progress,
+        )
         whole, replays = streamed.log, streamed.replays
         order = None
         sample_replays = sample_of(replays, sample.workload)

@@ -3,18 +3,18 @@ the caches' state between chunks; memory follows the caches and the prefix trie,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
 
-from analyzer.ingest import Chunk, ChunkedIngest
+from analyzer.ingest import ChunkedIngest
 from analyzer.per_model import merged_results, model_labels
 from analyzer.progress import Progress
 from analyzer.replay import Replays, ReplaySettings
 from analyzer.token_cache import CacheStats
-from analyzer.workload import LogTable
+from analyzer.workload import LogTable, TokenizedLog
 from cache_models.prefix_trie import PrefixTrie
 from cache_models.result import ReplayResult
 from cache_models.sglang_radix import SglangRadixCache
@@ -47,19 +47,17 @@ class _ServerSessions:
 
 
 def stream_replays(
-    read: Iterable[Chunk],
-    rest: Iterator[Chunk],
+    logs: Iterable[TokenizedLog],
     reader: ChunkedIngest,
     settings: ReplaySettings,
     progress: Progress,
 ) -> Streamed:
-    """Replay the chunks already ``read`` and then the ``rest``, each model on its own caches."""
+    """Replay consecutive parts of a log, each model on its own caches (kept between parts)."""
     servers: dict[str, _ServerSessions] = {}
     trie = PrefixTrie()
     results: list[list[ReplayResult]] = [[], [], [], []]
     tables = []
-    for chunk in _chained(read, rest):
-        log = chunk.tokenized
+    for log in logs:
         workload = log.workload
         progress.stage("replaying (streamed)", None)
         models = model_labels(log.requests["model"])
@@ -107,11 +105,6 @@ def sample_of(replays: Replays, sample: Workload) -> Replays:
         head(replays.ideal),
         trie.nodes,
     )
-
-
-def _chained(read: Iterable[Chunk], rest: Iterator[Chunk]) -> Iterator[Chunk]:
-    yield from read
-    yield from rest
 
 
 def _table_only(log: LogTable) -> LogTable:
