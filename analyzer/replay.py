@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -13,6 +17,8 @@ from cache_models.result import ReplayResult
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,23 +88,40 @@ def replay_all(
 ) -> Replays:
     progress = progress or NoProgress()
     tokens = int(workload.prompt_lengths.sum())
-    runs = 3 + (settings.page_size != 1)
-    progress.stage("replaying", runs * tokens)
-    vllm = VllmPrefixCache(settings.vllm()).replay(workload)
-    progress.advance(tokens)
-    sglang = SglangRadixCache(settings.sglang()).replay(workload)
-    progress.advance(tokens)
-    sglang_page1 = sglang
-    if settings.page_size != 1:
-        sglang_page1 = SglangRadixCache(settings.sglang(page_size=1)).replay(workload)
-        progress.advance(tokens)
     trie = PrefixTrie()
-    ideal = trie.replay(workload)
-    progress.advance(tokens)
-    assert trie.nodes is not None
+    jobs: dict[str, Callable[[], ReplayResult]] = {
+        "vllm": lambda: VllmPrefixCache(settings.vllm()).replay(workload),
+        "sglang": lambda: SglangRadixCache(settings.sglang()).replay(workload),
+        "ideal": lambda: trie.replay(workload),
+    }
+    if settings.page_size != 1:
+        jobs["sglang_page1"] = lambda: SglangRadixCache(settings.sglang(page_size=1)).replay(
+            workload
+        )
+    progress.stage("replaying", len(jobs) * tokens)
+    results = in_parallel(jobs, lambda: progress.advance(tokens))
     return Replays(
-        vllm=vllm, sglang=sglang, sglang_page1=sglang_page1, ideal=ideal, trie=trie.nodes
+        vllm=results["vllm"],
+        sglang=results["sglang"],
+        sglang_page1=results.get("sglang_page1", results["sglang"]),
+        ideal=results["ideal"],
+        trie=trie.nodes,
     )
+
+
+def in_parallel(
+    jobs: dict[str, Callable[[], T]], done: Callable[[], None] | None = None
+) -> dict[str, T]:
+    """Run independent replays at once, in threads: the cache models' kernels release the GIL,
+    so they use every core without copying the workload into other processes."""
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        results = {}
+        for name, future in futures.items():
+            results[name] = future.result()
+            if done is not None:
+                done()
+    return results
 
 
 def arrival_order(workload: Workload) -> np.ndarray | None:

@@ -12,7 +12,7 @@ import polars as pl
 from analyzer.ingest import ChunkedIngest
 from analyzer.per_model import merged_results, model_labels
 from analyzer.progress import Progress
-from analyzer.replay import Replays, ReplaySettings
+from analyzer.replay import Replays, ReplaySettings, in_parallel
 from analyzer.token_cache import CacheStats
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.prefix_trie import PrefixTrie
@@ -41,9 +41,12 @@ class _ServerSessions:
         )
 
     def feed(self, part: Workload) -> tuple[ReplayResult, ReplayResult, ReplayResult]:
-        sglang = self.sglang.feed(part)
-        page1 = self.sglang_page1.feed(part) if self.sglang_page1 else sglang
-        return self.vllm.feed(part), sglang, page1
+        jobs = {"vllm": lambda: self.vllm.feed(part), "sglang": lambda: self.sglang.feed(part)}
+        if self.sglang_page1 is not None:
+            page1 = self.sglang_page1
+            jobs["sglang_page1"] = lambda: page1.feed(part)
+        results = in_parallel(jobs)
+        return results["vllm"], results["sglang"], results.get("sglang_page1", results["sglang"])
 
 
 def stream_replays(
@@ -57,9 +60,9 @@ def stream_replays(
     trie = PrefixTrie()
     results: list[list[ReplayResult]] = [[], [], [], []]
     tables = []
-    for log in logs:
+
+    def feed_servers(log: TokenizedLog) -> list[ReplayResult]:
         workload = log.workload
-        progress.stage("replaying (streamed)", None)
         models = model_labels(log.requests["model"])
         per_engine: list[list[tuple[np.ndarray, ReplayResult]]] = [[], [], []]
         for name in dict.fromkeys(models):
@@ -68,12 +71,20 @@ def stream_replays(
             server = servers.setdefault(name, _ServerSessions(settings))
             for engine, result in enumerate(server.feed(part)):
                 per_engine[engine].append((indices, result))
-        for engine, parts in enumerate(per_engine):
-            results[engine].append(merged_results(parts, workload.n_requests))
-        (ideal,) = trie.feed(workload)
-        results[3].append(ReplayResult("ideal", ideal))
+        return [merged_results(parts, workload.n_requests) for parts in per_engine]
+
+    for log in logs:
+        progress.stage("replaying (streamed)", None)
+        done = in_parallel(
+            {
+                "servers": lambda log=log: feed_servers(log),
+                "trie": lambda log=log: trie.feed(log.workload)[0],
+            }
+        )
+        for engine, result in enumerate(done["servers"]):
+            results[engine].append(result)
+        results[3].append(ReplayResult("ideal", done["trie"]))
         tables.append(_table_only(log))
-    assert trie.nodes is not None
     vllm, sglang, page1, ideal = (_concatenated(parts) for parts in results)
     table = LogTable(
         requests=pl.concat([t.requests for t in tables], how="vertical_relaxed"),

@@ -578,7 +578,7 @@ def _nodes_needed(prompt_len: int, chunk: int) -> int:
     return 2 + 3 * (chunks + 2)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)
 def replay_sequential(
     t: Tree,
     prompt_tokens: np.ndarray,

@@ -450,7 +450,7 @@ def append_slot(pool: Pool, slots: Slots, s: int, block_size: int, tally: np.nda
 # ------------------------------------------------------------------------------------ replays
 
 
-@jit
+@njit(cache=True, error_model="numpy", nogil=True)
 def replay_lock_step(
     pool: Pool,
     p_tok: np.ndarray,
@@ -560,7 +560,7 @@ def replay_lock_step(
                 release(pool, slots, s)
 
 
-@jit
+@njit(cache=True, error_model="numpy", nogil=True)
 def replay_in_time(
     pool: Pool,
     p_tok: np.ndarray,

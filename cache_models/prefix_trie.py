@@ -197,7 +197,7 @@ def _add_node(columns, best, sizes, parent, start, length, depth, count, first, 
     return node, columns, best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _feed(
     columns,
     best,

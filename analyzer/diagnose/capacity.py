@@ -22,7 +22,7 @@ CURVE_POINTS = 40
 NEEDED_SHARES = (0.5, 0.8, 0.9, 0.95, 0.99)
 # Above this many blocks in a stream, the curve is computed on blocks twice as large, and so on
 # (memory: about 16 bytes a block); the replay checks then measure the coarser model's error.
-MAX_STREAM_BLOCKS = 50_000_000
+MAX_STREAM_BLOCKS = 8_000_000
 # The curve is checked by full replays where it reaches these shares (or, when that is less, at
 # the largest request's size).
 CHECK_SHARES = (0.5, 0.8, 0.95)
