@@ -17,7 +17,7 @@ import argparse
 import json
 import random
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 SUPPORT_PROMPT = (
     "You are the support assistant for Acme Cloud, a hosting platform for web applications and "
@@ -157,7 +157,7 @@ def line(
 
 def generate(n_requests: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    now = datetime(2026, 11, 2, 9, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
     open_chats: list[tuple[list[dict[str, str]], str | None]] = []
     lines = []
     for _ in range(n_requests):
