@@ -7,7 +7,7 @@ import numpy as np
 from analyzer.tokenizer import Tokenizer
 
 HEAD_CHARS = 48
-TAIL_CHARS = 32
+TAIL_CHARS = 20
 PREVIEW_IDS = 8
 
 

@@ -14,6 +14,9 @@ from cli.render_diagnosis import render_diagnosis
 from cli.render_inputs import models_table, server_table
 from cli.render_measure import estimate_table, render_measurement
 
+WIDE_CONSOLE = 120
+"""Consoles at least this wide show each prefix's snippet in its table row."""
+
 
 def render_report(report: Report, console: Console) -> None:
     console.print(_header(report))
@@ -27,7 +30,7 @@ def render_report(report: Report, console: Console) -> None:
     if report.prefill_estimate is not None:
         console.print(estimate_table(report.prefill_estimate))
     if report.shared_prefixes:
-        console.print(_prefixes(report))
+        console.print(_prefixes(report, wide=console.width >= WIDE_CONSOLE))
     if report.diagnosis is not None:
         render_diagnosis(report.diagnosis, report.prompt_tokens, console)
     if report.recommendations:
@@ -96,25 +99,36 @@ def _engines(report: Report) -> Table:
     return table
 
 
-def _prefixes(report: Report) -> Table:
+def _prefixes(report: Report, wide: bool) -> Table | Group:
+    """The prefix table; on a narrow console the snippets go below it, one numbered line each."""
     block = report.block_size
     table = Table(title="Top shared prefixes", box=box.SIMPLE, title_justify="left")
-    for header in ("tokens", f"% {block}", "requests", "covered", "pad"):
+    headers = ("tokens", f"% {block}", "requests", "covered", "pad")
+    for header in headers if wide else ("#", *headers):
         table.add_column(header, justify="right", no_wrap=True)
     # Text columns shrink first (wrappable) but show one truncated line (the cells do not wrap).
     table.add_column("namespace", max_width=20)
-    table.add_column("snippet")
-    for prefix in report.shared_prefixes:
-        table.add_row(
+    if wide:
+        table.add_column("snippet")
+    snippets = Table.grid(padding=(0, 1))
+    snippets.add_column(justify="right")
+    snippets.add_column()
+    for number, prefix in enumerate(report.shared_prefixes, 1):
+        text = _one_line(prefix.snippet if prefix.snippet is not None else "(redacted)")
+        cells = [
             f"{prefix.tokens:,}",
             str(prefix.remainder),
             f"{prefix.requests:,}",
             f"{prefix.covered_tokens:,}",
             f"+{prefix.padding}" if prefix.padding else "0",
             _one_line(prefix.namespace or "-"),
-            _one_line(prefix.snippet if prefix.snippet is not None else "(redacted)"),
-        )
-    return table
+        ]
+        if wide:
+            table.add_row(*cells, text)
+        else:
+            table.add_row(str(number), *cells)
+            snippets.add_row(f"{number}", text)
+    return table if wide else Group(table, snippets, Text())
 
 
 def _one_line(text: str) -> Text:

@@ -31,6 +31,8 @@ def test_example_log_end_to_end(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     for text in ("vLLM (block 16)", "SGLang (page 1, lru)", "ceiling", "Top shared prefixes"):
         assert text in result.output
+    # The runner's console is 80 wide: snippets are listed below the table, readable, not squeezed.
+    assert "You are the support assistant" in result.output
     report = json.loads(report_path.read_text())
     assert report["schema_version"] == 1
     assert report["requests"] == 600
