@@ -67,18 +67,24 @@ def _header(m: Measurement) -> Text:
 
 
 def _requests(m: Measurement) -> Table:
-    table = Table(box=box.SIMPLE, title="Sampled requests (ms)", title_justify="left")
-    for header in ("request", "prompt", "full", "spread"):
+    """One row per measured request; two-line headers so that it fits an 80-column terminal."""
+    files = {row.file for row in m.measurements}
+    single_file = len(files) == 1
+    title = "Sampled requests (ms)" + (f", lines of {next(iter(files))}" if single_file else "")
+    table = Table(box=box.SIMPLE, title=title, title_justify="left")
+    first = "line" if single_file else "request"
+    table.add_column(first, justify="right", overflow="fold", min_width=len(first))
+    for header in ("prompt", "full", "spread"):
         table.add_column(header, justify="right", no_wrap=True)
     engines = list(m.measurements[0].engines)
     for engine in engines:
         label = ENGINE_LABELS.get(engine, engine)
-        table.add_column(f"{label} hit", justify="right")
-        table.add_column(f"{label} cached", justify="right")
-    table.add_column("max |Δlogit|", justify="right")
+        table.add_column(f"{label}\nhit", justify="right", no_wrap=True)
+        table.add_column(f"{label}\ncached", justify="right", no_wrap=True)
+    table.add_column("max\n|Δlogit|", justify="right", no_wrap=True)
     for row in m.measurements:
         cells = [
-            f"{row.file}:{row.line}",
+            str(row.line) if single_file else f"{row.file}:{row.line}",
             f"{row.prompt_tokens:,}",
             f"{row.full_ms:.2f}",
             f"{row.full_ms_min:.2f}–{row.full_ms_max:.2f}",
