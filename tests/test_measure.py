@@ -234,6 +234,14 @@ def test_measure_end_to_end_on_cpu(tmp_path: Path) -> None:
                 assert item["cached_ms"] == m["full_ms"] and item["logits_max_abs_diff"] == 0
         hit_classes.add(m["engines"]["sglang"]["hit_tokens"] > 0)
     assert hit_classes == {True, False}  # the sample spans hit and miss strata
+    # The runner's 80-column console shows every engine's cached time, not an ellipsis.
+    shown = [line.split() for line in result.output.splitlines()]
+    for m in data["measurements"]:
+        cached = [f"{m['engines'][e]['cached_ms']:.2f}" for e in ("vllm", "sglang")]
+        assert any(
+            cells[:1] == [str(m["line"])] and cached[0] in cells and cached[1] in cells
+            for cells in shown
+        )
     fit = data["fit"]
     assert fit["points"] >= 8 and min(fit["intercept_ms"], fit["per_token_ms"]) >= 0
     extrapolated = data["extrapolated"]
