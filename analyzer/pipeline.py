@@ -37,7 +37,7 @@ from analyzer.report import (
     Report,
     SkipSummary,
 )
-from analyzer.server_compare import compare_with_server
+from analyzer.server_compare import compare_with_server, tokenization_note
 from analyzer.snippets import snippet
 from analyzer.stream import sample_of, stream_replays
 from analyzer.tokenizer import Tokenizer
@@ -133,6 +133,7 @@ def analyze(
         sample_replays = sample_of(replays, sample.workload)
     loaded, tokenizer, renderer = reader.loaded, reader.tokenizer, ingested.renderer
     prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
+    server_comparison = compare_with_server(whole.requests, replays, settings.block_size)
 
     hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
     decoder = tokenizer if tokenizer is not None and not hash_trace else None
@@ -189,7 +190,7 @@ def analyze(
         alignment_loss_tokens=replays.sglang_page1.total_hit_tokens - replays.vllm.total_hit_tokens,
         block_size=block_size,
         models=model_summaries(models, prompt_lengths, replays),
-        server_comparison=compare_with_server(whole.requests, replays, block_size),
+        server_comparison=server_comparison,
         shared_prefixes=[
             _prefix_summary(prefix, block_size, decoder, options.redact, whole)
             for prefix in prefixes
@@ -202,7 +203,8 @@ def analyze(
             ceiling_hit_tokens=sample_replays.ideal.total_hit_tokens,
             whole_log=sample is whole,
         ),
-        notes=_notes(whole, hash_trace, options.hash_block_size)
+        notes=tokenization_note(server_comparison)
+        + _notes(whole, hash_trace, options.hash_block_size)
         + _loading_notes(loaded.answers_joined, whole)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
@@ -353,6 +355,7 @@ def _per_request(requests: pl.DataFrame, replays: Replays) -> pl.DataFrame:
         "sglang_hit": replays.sglang.hit_tokens,
         "ceiling_hit": replays.ideal.hit_tokens,
         "server_cached_tokens": requests["server_cached_tokens"],
+        "server_prompt_tokens": requests["server_prompt_tokens"],
     }
     for result in (replays.vllm, replays.sglang):
         for name, values in result.counters.items():

@@ -17,8 +17,10 @@ class Record:
     ``output_text`` / ``output_token_ids`` hold the answer when the log has it (multi-turn caching
     depends on the answer's tokens); otherwise ``output_length`` may give its size alone.
     ``server_cached_tokens`` is the serving engine's own count of prompt tokens served from its
-    cache, when the log has it (compared with the replay); ``request_id`` joins answers logged
-    apart from their request (vLLM's ``Generated response`` lines, Batch API output files).
+    cache, when the log has it (compared with the replay), and ``server_prompt_tokens`` its count
+    of the prompt's tokens (ours equal it when we tokenize as the server did); ``request_id``
+    joins answers logged apart from their request (vLLM's ``Generated response`` lines, Batch
+    API output files).
     """
 
     file: str
@@ -37,6 +39,7 @@ class Record:
     arrival_s: float | None = None
     tenant: str | None = None
     server_cached_tokens: int | None = None
+    server_prompt_tokens: int | None = None
     request_id: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True

@@ -139,6 +139,7 @@ def build_workload(
             "arrival_s": [r.arrival_s for r in kept],
             "tenant": [r.tenant for r in kept],
             "server_cached_tokens": [r.server_cached_tokens for r in kept],
+            "server_prompt_tokens": [r.server_prompt_tokens for r in kept],
             "prompt_tokens": workload.prompt_lengths,
             "output_tokens": workload.output_lengths,
             "output_known": [outputs[i][1] for i in final],
@@ -149,6 +150,7 @@ def build_workload(
             "lora": pl.String,
             "tenant": pl.String,
             "server_cached_tokens": pl.Int64,
+            "server_prompt_tokens": pl.Int64,
         },
     )
     return TokenizedLog(

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from analyzer.per_model import ModelSummary
 from analyzer.server_compare import ServerComparison
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def models_table(models: dict[str, ModelSummary]) -> Table:
     """Each model on its own caches; the run's figures above are their sums."""
     table = Table(title="Per model (each on its own caches)", box=box.SIMPLE, title_justify="left")
-    for header in ("model", "requests", "prompt tokens", "vLLM hit rate", "SGLang hit rate"):
-        table.add_column(header, justify="left" if header == "model" else "right")
+    table.add_column("model", overflow="fold")  # names are the point: folded, never cut
+    for header in ("requests", "prompt\ntokens", "vLLM\nhit rate", "SGLang\nhit rate"):
+        table.add_column(header, justify="right", no_wrap=True)
     for name, summary in models.items():
         table.add_row(
             name,
@@ -33,8 +37,9 @@ def server_table(comparison: ServerComparison) -> Table:
         box=box.SIMPLE,
         title_justify="left",
     )
-    for header in ("", "cached tokens", "hit rate", "same count", "within a block", "mean |diff|"):
-        table.add_column(header, justify="left" if not header else "right")
+    table.add_column("")
+    for header in ("cached\ntokens", "hit rate", "same\ncount", "within\na block", "mean\n|diff|"):
+        table.add_column(header, justify="right", no_wrap=True)
     table.add_row(
         "server (logged)",
         f"{comparison.server_cached_tokens:,}",
@@ -46,11 +51,21 @@ def server_table(comparison: ServerComparison) -> Table:
     for engine, agreement in comparison.engines.items():
         share = agreement.hit_tokens / comparison.prompt_tokens if comparison.prompt_tokens else 0.0
         table.add_row(
-            f"{engine} replay",
+            f"{ENGINE_NAMES.get(engine, engine)} replay",
             f"{agreement.hit_tokens:,}",
             f"{share:.1%}",
             f"{agreement.exact:.0%}",
             f"{agreement.within_block:.0%}",
             f"{agreement.mean_abs_difference:,.1f}",
         )
+    counts = comparison.prompt_counts
+    if counts is not None:
+        table.caption = Text(
+            f"Prompt tokens where the server logged its count ({counts.requests:,} requests): "
+            f"server {counts.server_prompt_tokens:,}, ours {counts.our_prompt_tokens:,}, "
+            f"equal on {counts.equal:.0%} of requests"
+            + ("" if counts.equal == 1.0 else " (tokenized otherwise: see the note below)"),
+            style="" if counts.equal == 1.0 else "yellow",
+        )
+        table.caption_justify = "left"
     return table

@@ -134,6 +134,25 @@ def test_helicone_export() -> None:
     assert record.request_id == "hreq-1" and record.arrival_s == pytest.approx(1767340800.5)
 
 
+@pytest.mark.parametrize(
+    ("names", "prompt_tokens"),
+    [
+        (("openai_chat.jsonl",), [233, 236, None]),  # usage.prompt_tokens
+        (("openai_batch_input.jsonl", "openai_batch_output.jsonl"), [30, 31]),  # joined by id
+        # Anthropic's input_tokens leaves out the cache writes and reads: 412 + 380, 40 + 380.
+        (("anthropic_messages.jsonl",), [792, 420]),
+        (("litellm_payloads.jsonl",), [52]),
+        # Langfuse: total less output (input includes the cached 384 in the first; none cached).
+        (("langfuse_observations.json",), [410, 395]),
+        (("helicone_export.jsonl",), [80]),
+        (("sglang_server.log",), [26, 26]),  # meta_info.prompt_tokens, joined by rid
+        (("vllm_server.log",), [None, None]),  # vLLM's log has no usage
+    ],
+)
+def test_server_prompt_token_counts(names: tuple[str, ...], prompt_tokens: list) -> None:
+    assert [r.server_prompt_tokens for r in load(*names).records] == prompt_tokens
+
+
 def test_conversations_expand_to_one_request_per_assistant_turn() -> None:
     sharegpt = load("sharegpt.json").records
     assert len(sharegpt) == 3
@@ -172,7 +191,8 @@ def test_sglang_server_log() -> None:
     assert (first.output_text, first.server_cached_tokens, first.finish_reason) == ("4", 0, "stop")
     assert first.output_token_ids == [19, 151645]
     assert second.prompt is None and second.prompt_token_ids[0] == 151644
-    assert (second.lora, second.server_cached_tokens) == ("math-lora", 24)
+    assert (first.lora, second.lora, second.server_cached_tokens) == ("math-lora", "math-lora", 17)
+    assert (first.server_prompt_tokens, second.server_prompt_tokens) == (26, 26)
     assert second.arrival_s - first.arrival_s == 2
     truncated = [s for s in loaded.skips if s.line == 7]
     assert truncated and "truncated" in truncated[0].reason
@@ -278,3 +298,17 @@ def test_unknown_and_empty_inputs(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip at all")
     with pytest.raises(PrefixcheckError, match="cannot decompress"):
         load_logs([tmp_path / "bad.jsonl.gz"])
+
+
+def test_langfuse_prompt_count_under_either_input_convention() -> None:
+    from analyzer.loaders.langfuse import _prompt_tokens
+
+    cached_inside = {"input": 410, "input_cached_tokens": 384, "output": 12, "total": 422}
+    cached_apart = {"input": 26, "input_cached_tokens": 384, "output": 12, "total": 422}
+    with_reasoning = {"input": 26, "output": 12, "output_reasoning_tokens": 30, "total": 68}
+    assert [_prompt_tokens(u) for u in (cached_inside, cached_apart, with_reasoning)] == [
+        410,
+        410,
+        26,
+    ]
+    assert _prompt_tokens({"input": 26, "output": 12}) is None  # no total: unknown

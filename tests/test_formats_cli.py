@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -72,6 +73,35 @@ def test_server_counts_next_to_the_replay(tmp_path: Path) -> None:
     assert vllm["hit_tokens"] == sum(r["vllm_hit"] for r in rows[:2])
     assert 0.0 <= vllm["exact"] <= vllm["within_block"] <= 1.0
     assert "Replay vs the server's cached tokens (2 requests)" in result.output
+    # The log's usage.prompt_tokens (233, 236) are not our counts: it was tokenized otherwise.
+    counts = comparison["prompt_counts"]
+    assert (counts["requests"], counts["server_prompt_tokens"]) == (2, 233 + 236)
+    assert counts["our_prompt_tokens"] == sum(r["prompt_tokens"] for r in rows[:2])
+    assert counts["equal"] == 0.0
+    assert comparison["server_hit_rate"] == pytest.approx(224 / (233 + 236))
+    assert [r["server_prompt_tokens"] for r in rows] == [233, 236, None]
+    notes = json.loads(report_path.read_text())["notes"]
+    assert any("prompt-token counts differ from ours on 100% of the 2" in n for n in notes)
+
+
+def test_server_counts_match_a_log_tokenized_as_the_server_did(tmp_path: Path) -> None:
+    """SGLang's own log: its prompt_tokens equal ours, its cached_tokens equal our SGLang replay."""
+    report_path = tmp_path / "r.json"
+    result = invoke("analyze", FIXTURES / "sglang_server.log", "--json", report_path)
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    comparison = report["server_comparison"]
+    assert comparison["prompt_counts"] == {
+        "requests": 2,
+        "server_prompt_tokens": 52,
+        "our_prompt_tokens": 52,
+        "equal": 1.0,
+    }
+    assert comparison["server_cached_tokens"] == comparison["engines"]["sglang"]["hit_tokens"] == 17
+    assert comparison["engines"]["sglang"]["exact"] == 1.0
+    assert comparison["engines"]["vllm"]["hit_tokens"] == 16  # one whole block of the 17
+    assert not any("prompt-token counts differ" in n for n in report["notes"])
+    assert "server 52, ours 52, equal on 100% of requests" in " ".join(result.output.split())
 
 
 def test_second_run_reads_the_token_cache(tmp_path: Path) -> None:

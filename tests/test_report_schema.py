@@ -30,6 +30,7 @@ def test_schema_is_a_valid_json_schema() -> None:
         [str(ROOT / "examples" / "chat_logs.jsonl"), "--what-if", "block-size=32"],
         [str(FIXTURES / "vllm_server.log")],
         [str(FIXTURES / "openai_chat.jsonl")],
+        [str(FIXTURES / "sglang_server.log")],
         [str(FIXTURES / "mooncake_trace.jsonl"), "--concurrency", "4"],
         [str(FIXTURES / "litellm_payloads.jsonl"), "--page-size", "16"],
     ],

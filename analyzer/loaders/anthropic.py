@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import dict_field, optional_number, optional_str
+from analyzer.loaders.fields import count, dict_field, optional_number, optional_str
 from analyzer.loaders.openai_chat import check_messages
 from analyzer.records import Message, Record
 
@@ -65,6 +65,12 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     response = obj.get("response") if isinstance(obj.get("response"), dict) else {}
     usage = dict_field(response, "usage")
     cached = usage.get("cache_read_input_tokens")
+    # input_tokens counts only what was neither read from nor written to the cache.
+    parts = [
+        count(usage.get(key))
+        for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    ]
+    prompt_tokens = sum(p or 0 for p in parts) if parts[0] is not None else None
     output_length = usage.get("output_tokens")
     stop_reason = response.get("stop_reason")
     return Record(
@@ -80,6 +86,7 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
         if isinstance(stop_reason, str)
         else None,
         server_cached_tokens=cached if isinstance(cached, int) else None,
+        server_prompt_tokens=prompt_tokens,
         arrival_s=optional_number(obj, "timestamp"),
     )
 

@@ -104,10 +104,14 @@ def dict_field(obj: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
+def count(value: Any) -> int | None:
+    """A logged token count: a non-negative integer, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def cached_tokens(usage: Any) -> int | None:
     """The server's cached prompt tokens from an OpenAI-style ``usage`` object."""
     if not isinstance(usage, dict):
         return None
     details = usage.get("prompt_tokens_details")
-    value = details.get("cached_tokens") if isinstance(details, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return count(details.get("cached_tokens")) if isinstance(details, dict) else None

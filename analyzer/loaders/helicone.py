@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import dict_field, optional_int, optional_str, parse_time
+from analyzer.loaders.fields import count, dict_field, optional_int, optional_str, parse_time
 from analyzer.loaders.openai_chat import completion_fields, request_record
 from analyzer.records import Record
 
@@ -22,12 +22,14 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     if not isinstance(body.get("messages"), list):
         raise BadLine("request_body has no 'messages' (only chat requests are read)")
     record = request_record(body, file, line)
-    answer, finish, output_length, _, cached = completion_fields(dict_field(obj, "response_body"))
-    record.output_text, record.finish_reason = answer, finish
-    record.output_length = output_length or optional_int(obj, "completion_tokens")
+    completion = completion_fields(dict_field(obj, "response_body"))
+    record.output_text, record.finish_reason = completion.answer, completion.finish_reason
+    record.output_length = completion.output_length or optional_int(obj, "completion_tokens")
+    cached, prompt = completion.cached_tokens, completion.prompt_tokens
     record.server_cached_tokens = (
         cached if cached is not None else optional_int(obj, "prompt_cache_read_tokens")
     )
+    record.server_prompt_tokens = prompt if prompt is not None else count(obj.get("prompt_tokens"))
     record.model = record.model or optional_str(obj, "request_model")
     record.tenant = record.tenant or optional_str(obj, "request_user_id") or None
     record.request_id = optional_str(obj, "request_id")

@@ -22,6 +22,7 @@ class Answer:
     output_length: int | None = None
     finish_reason: str | None = None
     server_cached_tokens: int | None = None
+    server_prompt_tokens: int | None = None
 
 
 def join_answers(records: Sequence[Record], answers: Sequence[Answer]) -> list[Skip]:
@@ -46,6 +47,7 @@ def join_answers(records: Sequence[Record], answers: Sequence[Answer]) -> list[S
             "output_length",
             "finish_reason",
             "server_cached_tokens",
+            "server_prompt_tokens",
         ):
             value = getattr(answer, name)
             if value is not None and getattr(record, name) is None:

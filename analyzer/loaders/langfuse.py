@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import dict_field, optional_str, parse_time
+from analyzer.loaders.fields import count, dict_field, optional_str, parse_time
 from analyzer.loaders.openai_chat import request_record
 from analyzer.records import Record
 
@@ -40,9 +40,21 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     record.output_length = output_tokens if isinstance(output_tokens, int) else None
     cached = usage.get("input_cached_tokens")
     record.server_cached_tokens = cached if isinstance(cached, int) else None
+    record.server_prompt_tokens = _prompt_tokens(usage)
     record.finish_reason = optional_str(dict_field(obj, "metadata"), "finish_reason")
     record.model = optional_str(obj, "model") or record.model
     record.tenant = optional_str(obj, "userId") or record.tenant
     record.request_id = optional_str(obj, "id")
     record.arrival_s = parse_time(obj.get("startTime"), "startTime")
     return record
+
+
+def _prompt_tokens(usage: dict[str, Any]) -> int | None:
+    """The total less the output counts: right whether ``input`` includes the cached tokens (as
+    logged by the SDK) or excludes them (as Langfuse's OpenAI integration splits them off)."""
+    total = count(usage.get("total"))
+    outputs = [count(v) for k, v in usage.items() if k == "output" or k.startswith("output_")]
+    if total is None or not outputs or None in outputs:
+        return None
+    prompt = total - sum(o or 0 for o in outputs)
+    return prompt if prompt >= 0 else None

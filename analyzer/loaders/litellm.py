@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import dict_field, optional_number, optional_str
+from analyzer.loaders.fields import count, dict_field, optional_number, optional_str
 from analyzer.loaders.openai_chat import check_messages, completion_fields
 from analyzer.records import Record
 
@@ -32,9 +32,13 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
         record.tools = tools if isinstance(tools, list) and tools else None
     response = obj.get("response")
     if isinstance(response, dict):
-        answer, finish, output_length, _, cached = completion_fields(response)
-        record.output_text, record.finish_reason = answer, finish
-        record.output_length, record.server_cached_tokens = output_length, cached
+        completion = completion_fields(response)
+        record.output_text, record.finish_reason = completion.answer, completion.finish_reason
+        record.output_length = completion.output_length
+        record.server_cached_tokens = completion.cached_tokens
+        record.server_prompt_tokens = completion.prompt_tokens
+    if record.server_prompt_tokens is None:
+        record.server_prompt_tokens = count(obj.get("prompt_tokens"))
     metadata = dict_field(obj, "metadata")
     record.model = optional_str(obj, "model")
     record.tenant = (

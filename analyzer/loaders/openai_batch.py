@@ -43,15 +43,14 @@ def _answer(obj: dict[str, Any], custom_id: str, file: str, line: int) -> Answer
     response = dict_field(obj, "response")
     if obj.get("error") or response.get("status_code") not in (None, 200):
         raise BadLine(f"batch request {custom_id!r} failed: no answer to join")
-    answer, finish_reason, output_length, _, cached = completion_fields(
-        dict_field(response, "body")
-    )
+    completion = completion_fields(dict_field(response, "body"))
     return Answer(
         request_id=custom_id,
         file=file,
         line=line,
-        output_text=answer,
-        output_length=output_length,
-        finish_reason=finish_reason,
-        server_cached_tokens=cached,
+        output_text=completion.answer,
+        output_length=completion.output_length,
+        finish_reason=completion.finish_reason,
+        server_cached_tokens=completion.cached_tokens,
+        server_prompt_tokens=completion.prompt_tokens,
     )

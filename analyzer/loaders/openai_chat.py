@@ -14,13 +14,24 @@ vLLM passes them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import cached_tokens, optional_number, optional_str
+from analyzer.loaders.fields import cached_tokens, count, optional_number, optional_str
 from analyzer.records import Message, Record
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+class Completion(NamedTuple):
+    """What a logged response says: the answer and the server's counts, each where logged."""
+
+    answer: str | None = None
+    finish_reason: str | None = None
+    output_length: int | None = None
+    created: float | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    prompt_tokens: int | None = None  # usage.prompt_tokens
 
 
 def matches(obj: dict[str, Any]) -> bool:
@@ -31,13 +42,14 @@ def matches(obj: dict[str, Any]) -> bool:
 def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     body = obj["request"] if isinstance(obj.get("request"), dict) else obj
     record = request_record(body, file, line)
-    answer, finish_reason, output_length, created, cached = response_fields(obj)
+    completion = response_fields(obj)
     arrival = optional_number(obj, "timestamp")
-    record.output_text = answer
-    record.output_length = output_length
-    record.finish_reason = finish_reason or optional_str(obj, "finish_reason")
-    record.server_cached_tokens = cached
-    record.arrival_s = arrival if arrival is not None else created
+    record.output_text = completion.answer
+    record.output_length = completion.output_length
+    record.finish_reason = completion.finish_reason or optional_str(obj, "finish_reason")
+    record.server_cached_tokens = completion.cached_tokens
+    record.server_prompt_tokens = completion.prompt_tokens
+    record.arrival_s = arrival if arrival is not None else completion.created
     return record
 
 
@@ -87,26 +99,21 @@ def check_messages(value: Any) -> list[Message]:
     return value
 
 
-def response_fields(
-    obj: dict[str, Any],
-) -> tuple[str | None, str | None, int | None, float | None, int | None]:
-    """The answer text, finish reason, output token count, creation time and the server's cached
-    prompt tokens, where logged."""
+def response_fields(obj: dict[str, Any]) -> Completion:
+    """The logged response of a request line: a ``response`` object, or the answer text alone."""
     response = obj.get("response")
     for key in ("completion", "output"):
         if isinstance(obj.get(key), str):
-            return obj[key], None, None, None, None
+            return Completion(answer=obj[key])
     if isinstance(response, str):
-        return response, None, None, None, None
+        return Completion(answer=response)
     if not isinstance(response, dict):
-        return None, None, None, None, None
+        return Completion()
     return completion_fields(response)
 
 
-def completion_fields(
-    response: dict[str, Any],
-) -> tuple[str | None, str | None, int | None, float | None, int | None]:
-    """The same fields from a ``chat.completion`` (or ``text_completion``) object."""
+def completion_fields(response: dict[str, Any]) -> Completion:
+    """The fields of a ``chat.completion`` (or ``text_completion``) object."""
     choices = response.get("choices")
     answer = finish_reason = None
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -117,15 +124,13 @@ def completion_fields(
             answer = choices[0]["text"]
         if isinstance(choices[0].get("finish_reason"), str):
             finish_reason = choices[0]["finish_reason"]
-    usage = response.get("usage")
-    output_length = None
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-        output_length = usage["completion_tokens"]
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     created = response.get("created")
-    return (
+    return Completion(
         answer,
         finish_reason,
-        output_length,
+        count(usage.get("completion_tokens")),
         float(created) if isinstance(created, int) else None,
         cached_tokens(usage),
+        count(usage.get("prompt_tokens")),
     )

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from analyzer.errors import BadLine
+from analyzer.loaders.fields import count
 from analyzer.loaders.joins import Answer
 from analyzer.records import Record
 
@@ -155,7 +156,8 @@ def _sglang_answer(line: str, file: str, number: int) -> Answer:
         output_token_ids=_checked_ids(output_ids) if isinstance(output_ids, list) else None,
         output_length=meta.get("completion_tokens"),
         finish_reason=finish.get("type") if isinstance(finish, dict) else None,
-        server_cached_tokens=meta.get("cached_tokens"),
+        server_cached_tokens=count(meta.get("cached_tokens")),
+        server_prompt_tokens=count(meta.get("prompt_tokens")),
     )
 
 
