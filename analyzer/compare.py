@@ -105,11 +105,21 @@ def load_report(path: Path) -> dict[str, Any]:
     return report
 
 
+def _label(base: str, head: str) -> str:
+    """The engine's label, both configurations when they differ: ``vLLM (block 16 → 32)``."""
+    if base == head:
+        return head
+    name, _, _ = head.partition(" (")
+    if base.startswith(name + " (") and head.startswith(name + " ("):
+        return f"{name} ({base[len(name) + 2 : -1]} → {head[len(name) + 2 : -1]})"
+    return f"{base} → {head}"
+
+
 def compare_reports(base: dict[str, Any], head: dict[str, Any], engine: str = "both") -> Comparison:
     engines = [
         EngineChange(
             engine=name,
-            label=head["engines"][name]["label"],
+            label=_label(base["engines"][name]["label"], head["engines"][name]["label"]),
             base_hit_rate=base["engines"][name]["hit_rate"],
             head_hit_rate=head["engines"][name]["hit_rate"],
         )

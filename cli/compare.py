@@ -70,7 +70,7 @@ def _table(comparison: Comparison) -> Table:
             change.label,
             f"{change.base_hit_rate:.2%}",
             f"{change.head_hit_rate:.2%}",
-            f"{-change.drop:+.2%}",
+            f"{0.0 - change.drop:+.2%}",  # 0.0 - 0.0 is +0.0, where -0.0 would print "-0.00%"
             style=style,
         )
     for engine, kinds in comparison.losses.items():
@@ -113,7 +113,7 @@ def comparison_markdown(comparison: Comparison) -> str:
     ]
     for c in comparison.engines:
         lines.append(
-            f"| {c.label} | {c.base_hit_rate:.2%} | {c.head_hit_rate:.2%} | {-c.drop:+.2%} |"
+            f"| {c.label} | {c.base_hit_rate:.2%} | {c.head_hit_rate:.2%} | {0.0 - c.drop:+.2%} |"
         )
     if comparison.templates:
         block = comparison.block_size

@@ -69,10 +69,10 @@ def lint_command(
 
 def _table(results: list[TemplateLint], block_size: int) -> Table:
     table = Table(title="Prompt templates", box=box.SIMPLE_HEAVY, title_justify="left")
-    for header in ("template", "tokens", "shared prefix", f"% {block_size}", "pad", "placeholder"):
-        table.add_column(
-            header, justify="left" if header in ("template", "placeholder") else "right"
-        )
+    table.add_column("template", overflow="fold")  # the path is the point: folded, never cut
+    for header in ("tokens", "shared\nprefix", f"% {block_size}", "pad"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("placeholder")
     for r in results:
         table.add_row(
             r.path,

@@ -64,3 +64,20 @@ def test_compare_rejects_a_non_report(tmp_path: Path) -> None:
     result = runner.invoke(app, ["compare", str(bogus), str(bogus)])
     assert result.exit_code == 2
     assert "not a prefixcheck report" in result.output
+
+
+def test_engines_named_with_both_configurations(tmp_path: Path) -> None:
+    """Reports of two block sizes: the row says which; an unchanged rate shows +0.00%, not -0.00%."""
+    log = write_log(tmp_path / "log.jsonl", 40)
+    paths = []
+    for block in (16, 32):
+        out = tmp_path / f"b{block}.json"
+        args = ["analyze", str(log), "--block-size", str(block), "--json", str(out), "--quiet"]
+        assert runner.invoke(app, args).exit_code == 0
+        paths.append(str(out))
+    result = runner.invoke(app, ["compare", *paths, "--markdown", str(tmp_path / "c.md")])
+    assert result.exit_code == 0, result.output
+    assert "vLLM (block 16 → block 32)" in result.output
+    sglang = next(line for line in result.output.splitlines() if "SGLang (page 1, lru)" in line)
+    assert sglang.split()[-1] == "+0.00%"
+    assert "-0.00%" not in (tmp_path / "c.md").read_text()
