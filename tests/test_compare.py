@@ -67,7 +67,7 @@ def test_compare_rejects_a_non_report(tmp_path: Path) -> None:
 
 
 def test_engines_named_with_both_configurations(tmp_path: Path) -> None:
-    """Reports of two block sizes: the row says which; an unchanged rate shows +0.00%, not -0.00%."""
+    """Two block sizes: the row names both; an unchanged rate shows +0.00%, not -0.00%."""
     log = write_log(tmp_path / "log.jsonl", 40)
     paths = []
     for block in (16, 32):
