@@ -154,10 +154,10 @@ def _size_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
 
 def _what_if(diagnosis: Diagnosis) -> Table:
     table = Table(title="What if (replayed)", box=box.SIMPLE, title_justify="left")
-    table.add_column("fix")
-    table.add_column("engine")
-    table.add_column("hit rate before → after", justify="right")
-    table.add_column("recomputed tokens saved", justify="right")
+    table.add_column("fix", overflow="fold")
+    table.add_column("engine", no_wrap=True)
+    table.add_column("hit rate\nbefore → after", justify="right", no_wrap=True)
+    table.add_column("recomputed\ntokens saved", justify="right", no_wrap=True)
     for item in diagnosis.what_if:
         for engine, gain in item.measured.items():
             before = gain.hit_tokens_before / gain.prompt_tokens_before
