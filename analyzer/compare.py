@@ -106,7 +106,7 @@ def load_report(path: Path) -> dict[str, Any]:
 
 
 def _label(base: str, head: str) -> str:
-    """The engine's label, both configurations when they differ: ``vLLM (block 16 → 32)``."""
+    """The engine's label, both configurations when they differ: ``vLLM (block 16 → block 32)``."""
     if base == head:
         return head
     name, _, _ = head.partition(" (")
