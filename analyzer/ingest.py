@@ -34,12 +34,12 @@ class IngestOptions:
     format: str = "auto"
     tokenizer: str | None = None
     strict: bool = False
-    hash_block_size: int | None = None
-    fields: FieldMap | None = None
-    chat_template: str | None = None
+    hash_block_size: int | None = None  # None: each trace format's own (Mooncake 512, Bailian 16)
+    fields: FieldMap | None = None  # --prompt-field, --time-field, ...
+    chat_template: str | None = None  # --chat-template: a built-in, a named template or a file
     chat_template_kwargs: dict[str, Any] | None = None
-    cache_dir: Path | None = None
-    fast_tokenizer: bool = True
+    cache_dir: Path | None = None  # the token cache; None: no cache
+    fast_tokenizer: bool = True  # the tiktoken fast path for byte-level BPE tokenizer.json
 
 
 @dataclass(frozen=True)

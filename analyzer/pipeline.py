@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import polars as pl
@@ -16,7 +15,6 @@ from analyzer.diagnose.parts import PartsSource
 from analyzer.errors import PrefixcheckError
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
 from analyzer.loaders import LoadResult
-from analyzer.loaders.mapped import FieldMap
 from analyzer.measure.estimate import prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
 from analyzer.per_model import model_labels, model_summaries, replay_by_model
@@ -50,38 +48,16 @@ DEFAULT_SAMPLE_TOKENS = 32_000_000
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
-    format: str = "auto"
-    tokenizer: str | None = None
+    ingest: IngestOptions = field(default_factory=IngestOptions)  # how logs are read, tokenized
     settings: ReplaySettings = field(default_factory=ReplaySettings)
-    strict: bool = False
-    hash_block_size: int | None = None  # None: each trace format's own (Mooncake 512, Bailian 16)
     top_prefixes: int = 10
     redact: bool = False
     what_if: tuple[str, ...] = ()  # --what-if: named fixes to replay
     model_preset: str = DEFAULT_ESTIMATE_PRESET  # the model shape of the prefill estimate
-    fields: FieldMap | None = None  # --prompt-field, --time-field, ...
-    chat_template: str | None = None  # --chat-template: a built-in, a named template or a file
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    cache_dir: Path | None = None  # the token cache; None: no cache
-    fast_tokenizer: bool = True  # the tiktoken fast path for byte-level BPE tokenizer.json
     # Logs with more prompt tokens stream through the engines chunk by chunk; the diagnosis
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
-
-    @property
-    def ingest(self) -> IngestOptions:
-        return IngestOptions(
-            format=self.format,
-            tokenizer=self.tokenizer,
-            strict=self.strict,
-            hash_block_size=self.hash_block_size,
-            fields=self.fields,
-            chat_template=self.chat_template,
-            chat_template_kwargs=self.chat_template_kwargs,
-            cache_dir=self.cache_dir,
-            fast_tokenizer=self.fast_tokenizer,
-        )
 
 
 @dataclass(frozen=True)
@@ -146,7 +122,9 @@ def analyze(
         decoder,
         options.redact,
         options.what_if,
-        PartsSource(loaded.records, tokenizer, renderer, options.cache_dir) if tokenizer else None,
+        PartsSource(loaded.records, tokenizer, renderer, options.ingest.cache_dir)
+        if tokenizer
+        else None,
         progress,
     )
     prefixes = [  # templates, not the shared heads of varying values
@@ -204,7 +182,7 @@ def analyze(
             whole_log=sample is whole,
         ),
         notes=tokenization_note(server_comparison)
-        + _notes(whole, hash_trace, options.hash_block_size)
+        + _notes(whole, hash_trace, options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined, whole)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from analyzer.errors import PrefixcheckError
 from analyzer.export_trace import export_trace
-from analyzer.ingest import IngestOptions, ingest
+from analyzer.ingest import ingest
 from cli.common import fail
 from cli.inputs import (
     Cache,
@@ -26,9 +26,7 @@ from cli.inputs import (
     TenantField,
     TimeField,
     TokenizerSpec,
-    cache_dir,
-    field_map,
-    template_kwargs,
+    ingest_options,
 )
 from cli.progress import RichProgress
 
@@ -57,15 +55,19 @@ def export_trace_command(
     output_length, chained hash_ids) for vLLM's timed_trace benchmark, Dynamo or AIPerf."""
     errors = Console(stderr=True)
     try:
-        options = IngestOptions(
-            format=log_format,
+        options = ingest_options(
+            log_format=log_format,
             tokenizer=tokenizer,
             strict=strict,
             hash_block_size=hash_block_size,
-            fields=field_map(prompt_field, messages_field, time_field, tenant_field, salt_field),
+            prompt_field=prompt_field,
+            messages_field=messages_field,
+            time_field=time_field,
+            tenant_field=tenant_field,
+            salt_field=salt_field,
             chat_template=chat_template,
-            chat_template_kwargs=template_kwargs(chat_template_kwargs),
-            cache_dir=cache_dir(cache),
+            chat_template_kwargs=chat_template_kwargs,
+            cache=cache,
             fast_tokenizer=fast_tokenizer,
         )
         with RichProgress(errors, enabled=errors.is_terminal) as progress:

@@ -1,4 +1,5 @@
-"""The flags that say how to read and tokenize logs, shared by ``analyze`` and ``export-trace``."""
+"""The flags that say how to read and tokenize logs, shared by ``analyze``, ``measure`` and
+``export-trace``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from analyzer.errors import PrefixcheckError
+from analyzer.ingest import IngestOptions
 from analyzer.loaders import format_names
 from analyzer.loaders.mapped import FieldMap
 from analyzer.templates import BUILTIN_TEMPLATES
@@ -84,3 +86,33 @@ def template_kwargs(text: str | None) -> dict[str, Any]:
 
 def cache_dir(enabled: bool) -> Path | None:
     return default_cache_dir() if enabled else None
+
+
+def ingest_options(
+    *,
+    log_format: str,
+    tokenizer: str | None,
+    strict: bool,
+    hash_block_size: int | None,
+    prompt_field: str | None,
+    messages_field: str | None,
+    time_field: str | None,
+    tenant_field: str | None,
+    salt_field: str | None,
+    chat_template: str | None,
+    chat_template_kwargs: str | None,
+    cache: bool,
+    fast_tokenizer: bool,
+) -> IngestOptions:
+    """The reading flags of a command as IngestOptions; a bad --chat-template-kwargs raises."""
+    return IngestOptions(
+        format=log_format,
+        tokenizer=tokenizer,
+        strict=strict,
+        hash_block_size=hash_block_size,
+        fields=field_map(prompt_field, messages_field, time_field, tenant_field, salt_field),
+        chat_template=chat_template,
+        chat_template_kwargs=template_kwargs(chat_template_kwargs),
+        cache_dir=cache_dir(cache),
+        fast_tokenizer=fast_tokenizer,
+    )

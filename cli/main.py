@@ -40,9 +40,7 @@ from cli.inputs import (
     TenantField,
     TimeField,
     TokenizerSpec,
-    cache_dir,
-    field_map,
-    template_kwargs,
+    ingest_options,
 )
 from cli.lint import lint_command
 from cli.measure import logits_mismatch, measure_command
@@ -209,12 +207,25 @@ def analyze_command(
     if eviction_policy not in SGLANG_EVICTION_POLICIES:
         fail(errors, f"unknown --eviction-policy {eviction_policy!r}")
     try:
-        kwargs = template_kwargs(chat_template_kwargs)
+        reading = ingest_options(
+            log_format=log_format,
+            tokenizer=tokenizer,
+            strict=strict,
+            hash_block_size=hash_block_size,
+            prompt_field=prompt_field,
+            messages_field=messages_field,
+            time_field=time_field,
+            tenant_field=tenant_field,
+            salt_field=salt_field,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+            cache=cache,
+            fast_tokenizer=fast_tokenizer,
+        )
     except PrefixcheckError as exc:
         fail(errors, str(exc))
     options = AnalyzeOptions(
-        format=log_format,
-        tokenizer=tokenizer,
+        ingest=reading,
         settings=ReplaySettings(
             block_size=block_size,
             page_size=page_size,
@@ -226,17 +237,10 @@ def analyze_command(
             if replay_in_time
             else None,
         ),
-        strict=strict,
-        hash_block_size=hash_block_size,
         top_prefixes=top,
         redact=redact,
         what_if=tuple(what_if or ()),
         model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
-        fields=field_map(prompt_field, messages_field, time_field, tenant_field, salt_field),
-        chat_template=chat_template,
-        chat_template_kwargs=kwargs,
-        cache_dir=cache_dir(cache),
-        fast_tokenizer=fast_tokenizer,
         sample_tokens=diagnose_tokens,
     )
     try:
