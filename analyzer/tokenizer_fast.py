@@ -52,7 +52,7 @@ def fast_encoding(config: dict[str, Any], backend: Any) -> FastEncoding | None:
     pattern = _pattern(config.get("pre_tokenizer"))
     if nfc is None or pattern is None:
         return None
-    byte_of = _unicode_to_byte()
+    byte_of = unicode_to_byte()
     try:
         ranks = {bytes(byte_of[c] for c in token): rank for token, rank in model["vocab"].items()}
     except (KeyError, TypeError, AttributeError):
@@ -128,7 +128,7 @@ def _post_processor_ids(backend: Any) -> tuple[list[int], list[int]]:
 
 
 @cache
-def _unicode_to_byte() -> dict[str, int]:
+def unicode_to_byte() -> dict[str, int]:
     """GPT-2's byte-to-printable-character table, inverted."""
     printable = (
         list(range(ord("!"), ord("~") + 1))

