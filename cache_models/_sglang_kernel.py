@@ -695,14 +695,7 @@ def replay(
     if tree is None:
         tree = new_tree(INITIAL_ROWS, max(4 * longest, INITIAL_ARENA), capacity_pages * ps)
     buf = np.zeros(longest, np.int32)
-    inputs = (  # one dtype and layout each, so that the kernel compiles once
-        np.ascontiguousarray(workload.prompt_tokens, np.int32),
-        np.ascontiguousarray(workload.prompt_offsets, np.int64),
-        np.ascontiguousarray(workload.output_tokens, np.int32),
-        np.ascontiguousarray(workload.output_offsets, np.int64),
-        np.ascontiguousarray(workload.namespace, np.int64),
-        np.ascontiguousarray(workload.stop_finish, np.bool_),
-    )
+    inputs = workload.kernel_inputs()
     refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
     chunk = config.chunked_prefill_size
     first = 0

@@ -115,12 +115,7 @@ class PrefixTrie:
             self._store,
             self._children,
             self._sizes,
-            np.ascontiguousarray(chunk.prompt_tokens, np.int32),
-            np.ascontiguousarray(chunk.prompt_offsets, np.int64),
-            np.ascontiguousarray(chunk.output_tokens, np.int32),
-            np.ascontiguousarray(chunk.output_offsets, np.int64),
-            np.ascontiguousarray(chunk.namespace, np.int64),
-            np.ascontiguousarray(chunk.stop_finish, np.bool_),
+            *chunk.kernel_inputs(),
             self._granularity,
             self._vllm,
         )

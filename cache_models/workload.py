@@ -57,6 +57,21 @@ class Workload:
     def output_lengths(self) -> np.ndarray:
         return np.diff(self.output_offsets)
 
+    def kernel_inputs(
+        self,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Prompt tokens and offsets, output tokens and offsets, namespace and stop_finish as
+        contiguous int32/int64/int64/int64/int64/bool arrays: one dtype and layout each, so that a
+        numba kernel taking them compiles once."""
+        return (
+            np.ascontiguousarray(self.prompt_tokens, np.int32),
+            np.ascontiguousarray(self.prompt_offsets, np.int64),
+            np.ascontiguousarray(self.output_tokens, np.int32),
+            np.ascontiguousarray(self.output_offsets, np.int64),
+            np.ascontiguousarray(self.namespace, np.int64),
+            np.ascontiguousarray(self.stop_finish, np.bool_),
+        )
+
     def prompt(self, i: int) -> np.ndarray:
         return self.prompt_tokens[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
 
