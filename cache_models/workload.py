@@ -61,7 +61,7 @@ class Workload:
         self,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Prompt tokens and offsets, output tokens and offsets, namespace and stop_finish as
-        contiguous int32/int64/int64/int64/int64/bool arrays: one dtype and layout each, so that a
+        contiguous int32/int64/int32/int64/int64/bool arrays: one dtype and layout each, so that a
         numba kernel taking them compiles once."""
         return (
             np.ascontiguousarray(self.prompt_tokens, np.int32),
