@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from analyzer.ingest import concat_workloads
 from cache_models.config import SglangConfig, VllmConfig
 from cache_models.prefix_trie import PrefixTrie
 from cache_models.sglang_radix import SglangRadixCache, SglangSession
@@ -85,23 +86,6 @@ class ChatTraffic:
         return Workload.from_arrays(prompts, outputs, namespaces, stop)
 
 
-def concat(chunks: list[Workload]) -> Workload:
-    """One workload holding the chunks' requests in order."""
-
-    def offsets(parts: list[np.ndarray]) -> np.ndarray:
-        lengths = [np.diff(p) for p in parts]
-        return np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64)
-
-    return Workload(
-        prompt_tokens=np.concatenate([c.prompt_tokens for c in chunks]),
-        prompt_offsets=offsets([c.prompt_offsets for c in chunks]),
-        output_tokens=np.concatenate([c.output_tokens for c in chunks]),
-        output_offsets=offsets([c.output_offsets for c in chunks]),
-        namespace=np.concatenate([c.namespace for c in chunks]),
-        stop_finish=np.concatenate([c.stop_finish for c in chunks]),
-    )
-
-
 Session = VllmSession | SglangSession | PrefixTrie
 
 
@@ -134,7 +118,7 @@ def warm_up() -> None:
 def throughput(n_tokens: int) -> None:
     traffic = ChatTraffic()
     chunks = [traffic.chunk(CHUNK_TOKENS) for _ in range(max(1, n_tokens // CHUNK_TOKENS))]
-    whole = concat(chunks)
+    whole = concat_workloads(chunks)
     prompt_tokens = int(whole.prompt_lengths.sum())
     print(
         f"part 1: {whole.n_requests} requests, {prompt_tokens / 1e6:.1f}M prompt tokens "
