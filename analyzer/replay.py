@@ -87,7 +87,6 @@ def replay_all(
     workload: Workload, settings: ReplaySettings, progress: Progress | None = None
 ) -> Replays:
     progress = progress or NoProgress()
-    tokens = int(workload.prompt_lengths.sum())
     trie = PrefixTrie()
     jobs: dict[str, Callable[[], ReplayResult]] = {
         "vllm": lambda: VllmPrefixCache(settings.vllm()).replay(workload),
@@ -98,8 +97,8 @@ def replay_all(
         jobs["sglang_page1"] = lambda: SglangRadixCache(settings.sglang(page_size=1)).replay(
             workload
         )
-    progress.stage("replaying", len(jobs) * tokens)
-    results = in_parallel(jobs, lambda: progress.advance(tokens))
+    progress.stage("replaying the caches", len(jobs))
+    results = in_parallel(jobs, lambda: progress.advance(1))
     return Replays(
         vllm=results["vllm"],
         sglang=results["sglang"],

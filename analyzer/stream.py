@@ -11,7 +11,6 @@ import polars as pl
 
 from analyzer.ingest import ChunkedIngest
 from analyzer.per_model import merged_results, model_labels
-from analyzer.progress import Progress
 from analyzer.replay import Replays, ReplaySettings, in_parallel
 from analyzer.token_cache import CacheStats
 from analyzer.workload import LogTable, TokenizedLog
@@ -53,7 +52,6 @@ def stream_replays(
     logs: Iterable[TokenizedLog],
     reader: ChunkedIngest,
     settings: ReplaySettings,
-    progress: Progress,
 ) -> Streamed:
     """Replay consecutive parts of a log, each model on its own caches (kept between parts)."""
     servers: dict[str, _ServerSessions] = {}
@@ -74,7 +72,7 @@ def stream_replays(
         return [merged_results(parts, workload.n_requests) for parts in per_engine]
 
     for log in logs:
-        progress.stage("replaying (streamed)", None)
+        reader.report("replaying")
         done = in_parallel(
             {
                 "servers": lambda log=log: feed_servers(log),

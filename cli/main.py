@@ -16,6 +16,7 @@ from analyzer.diagnose.html import html_report
 from analyzer.errors import PrefixcheckError
 from analyzer.export import write_table
 from analyzer.gates import LossLimit, evaluate_gates
+from analyzer.kernels import watch_compilation
 from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS
 from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS, AnalyzeOptions, analyze
@@ -246,7 +247,12 @@ def analyze_command(
     try:
         limits = [LossLimit.parse(text) for text in max_loss or []]
         measure_with = measurer(MeasureOptions(model_preset=model_preset)) if measure else None
-        with RichProgress(errors, enabled=errors.is_terminal and not quiet) as progress:
+        with (
+            RichProgress(
+                errors, enabled=errors.is_terminal and not quiet, announce=not quiet
+            ) as progress,
+            watch_compilation(progress.compiling, progress.compiled),
+        ):
             result = analyze(files, options, progress)
             if measure_with is not None:
                 measured = measure_with(result, progress)

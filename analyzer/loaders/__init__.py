@@ -27,13 +27,13 @@ from analyzer.loaders.joins import Answer, join_answers
 from analyzer.loaders.jsonl import json_object
 from analyzer.loaders.mapped import FieldMap
 from analyzer.loaders.sources import (
+    ReadMeter,
     base_suffix,
     expand_inputs,
     iter_json_array,
     iter_raw_lines,
     iter_rows,
 )
-from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
 
 Parsed = Record | list[Record] | Answer
@@ -145,7 +145,6 @@ FORMATS: dict[str, LogFormat] = {
 MAPPED = LogFormat("mapped", "any JSON, read through --*-field paths", mapped.matches, mapped.parse)
 DETECTION_LINES = 50  # JSON objects looked at to detect a format
 DETECTION_TEXT_LINES = 5000  # server logs: lines looked at for the first request line
-PROGRESS_EVERY = 1000
 
 
 @dataclass
@@ -157,6 +156,7 @@ class LoadResult:
     formats: dict[str, str] = field(default_factory=dict)
     lines_read: int = 0
     answers_joined: int = 0
+    meter: ReadMeter = field(default_factory=ReadMeter)  # bytes of the input read so far
 
 
 def format_names() -> list[str]:
@@ -176,7 +176,6 @@ def load_logs(
     strict: bool = False,
     hash_block_size: int | None = None,
     fields: FieldMap | None = None,
-    progress: Progress | None = None,
 ) -> LoadResult:
     """Read every file; a bad line becomes a Skip (or, with ``strict``, a StrictModeError)."""
     result = LoadResult()
@@ -188,7 +187,6 @@ def load_logs(
             strict=strict,
             hash_block_size=hash_block_size,
             fields=fields,
-            progress=progress,
             hold_answerable=False,
         )
     )
@@ -203,7 +201,6 @@ def iter_records(
     strict: bool = False,
     hash_block_size: int | None = None,
     fields: FieldMap | None = None,
-    progress: Progress | None = None,
     hold_answerable: bool = True,
 ) -> Iterator[Record]:
     """The requests of every file, as they are read; skips, formats and counts go to ``result``.
@@ -217,19 +214,17 @@ def iter_records(
         raise PrefixcheckError(
             f"unknown --format {format_name!r}; choose {', '.join(format_names())}"
         )
-    progress = progress or NoProgress()
-    progress.stage("reading logs", None)
     answers: list[Answer] = []
     answerable: list[Record] = []
-    for name in expand_inputs(paths):
-        items = _peek(name)
+    names = expand_inputs(paths)
+    result.meter.expect(names)
+    for name in names:
+        items = _peek(name, result.meter)
         log_format = _chosen_format(name, items, format_name, fields)
         result.formats[name] = log_format.name
         parse = _configured(log_format, hash_block_size, fields)
         for item in _parse_items(name, items, log_format, parse, fields):
             result.lines_read += 1
-            if result.lines_read % PROGRESS_EVERY == 0:
-                progress.advance(PROGRESS_EVERY)
             if isinstance(item, Skip):
                 if strict:
                     raise StrictModeError(item)
@@ -285,15 +280,15 @@ class _Peeked:
         return chain(self.head, self.rest)
 
 
-def _peek(name: str) -> _Peeked:
+def _peek(name: str, meter: ReadMeter | None = None) -> _Peeked:
     suffix = base_suffix(name)
     if suffix == ".parquet":
-        rows = iter_rows(name)
+        rows = iter_rows(name, meter)
         return _Peeked(list(islice(rows, DETECTION_LINES)), rows, objects=True)
-    lines = iter_raw_lines(name)
+    lines = iter_raw_lines(name, meter)
     head = list(islice(lines, DETECTION_TEXT_LINES))
     if suffix == ".json" and head and head[0][1].lstrip()[:1] == b"[":
-        items = iter_json_array(name, head[0][1])
+        items = iter_json_array(name, head[0][1], meter)
         return _Peeked(list(islice(items, DETECTION_LINES)), items, objects=True)
     return _Peeked(head, lines, objects=False)
 

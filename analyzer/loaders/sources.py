@@ -8,8 +8,10 @@ import glob
 import gzip
 import io
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -85,9 +87,44 @@ def base_suffix(name: str) -> str:
     return Path(name).suffix.lower()
 
 
+@dataclass
+class ReadMeter:
+    """How far the readers are through the input files, in bytes as stored (compressed bytes
+    for ``.gz`` / ``.zst``): the measure of the progress bar and its time left."""
+
+    total: int | None = None  # the files' sizes; None when one is standard input
+    _done: dict[str, int] = field(default_factory=dict)  # files read to the end
+    _open: dict[str, IO[bytes]] = field(default_factory=dict)
+
+    def expect(self, names: Sequence[str]) -> None:
+        """The files about to be read (their sizes make the total)."""
+        try:
+            self.total = None if STDIN in names else sum(os.path.getsize(n) for n in names)
+        except OSError:
+            self.total = None  # a file that cannot be read fails with its name when opened
+
+    def position(self) -> int:
+        position = sum(self._done.values())
+        for name, handle in self._open.items():
+            if name not in self._done:
+                with contextlib.suppress(OSError, ValueError):
+                    position += handle.tell()
+        return position if self.total is None else min(position, self.total)
+
+    def opened(self, name: str, raw: IO[bytes]) -> None:
+        self._open[name] = raw
+
+    def closed(self, name: str, raw: IO[bytes]) -> None:
+        if self._open.get(name) is not raw:  # a detection pass over a file read again
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self._done[name] = os.fstat(raw.fileno()).st_size
+        del self._open[name]
+
+
 @contextlib.contextmanager
-def open_binary(name: str) -> Iterator[IO[bytes]]:
-    """The decompressed bytes of a file (or of standard input)."""
+def open_binary(name: str, meter: ReadMeter | None = None) -> Iterator[IO[bytes]]:
+    """The decompressed bytes of a file (or of standard input); ``meter`` follows the read."""
     if name == STDIN:
         yield sys.stdin.buffer
         return
@@ -95,30 +132,36 @@ def open_binary(name: str) -> Iterator[IO[bytes]]:
         raw = Path(name).open("rb")  # noqa: SIM115 (closed below, after the error check)
     except OSError as exc:
         raise PrefixcheckError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    if meter is not None:
+        meter.opened(name, raw)
     with raw:
-        if name.endswith(".gz"):
-            yield gzip.GzipFile(fileobj=raw)
-        elif name.endswith(".zst"):
-            yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), 1 << 20)
-        else:
-            yield raw
+        try:
+            if name.endswith(".gz"):
+                yield gzip.GzipFile(fileobj=raw)
+            elif name.endswith(".zst"):
+                yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), 1 << 20)
+            else:
+                yield raw
+        finally:
+            if meter is not None:
+                meter.closed(name, raw)
 
 
-def iter_raw_lines(name: str) -> Iterator[tuple[int, bytes]]:
+def iter_raw_lines(name: str, meter: ReadMeter | None = None) -> Iterator[tuple[int, bytes]]:
     """``(line_number, bytes)`` for every line, numbered from 1."""
-    with open_binary(name) as handle:
+    with open_binary(name, meter) as handle:
         try:
             yield from enumerate(handle, 1)
         except (OSError, EOFError, zstandard.ZstdError) as exc:
             raise PrefixcheckError(f"{name}: cannot decompress: {exc}") from None
 
 
-def iter_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_rows(name: str, meter: ReadMeter | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """The rows of a Parquet file as dicts, numbered from 1, JSON-text fields decoded."""
     import polars as pl
 
     try:
-        with open_binary(name) as handle:
+        with open_binary(name, meter) as handle:
             frame = pl.read_parquet(handle)
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise PrefixcheckError(f"{name}: not a readable Parquet file ({exc})") from None
@@ -126,9 +169,11 @@ def iter_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, decode_json_text(row)
 
 
-def iter_json_array(name: str, first: bytes) -> Iterator[tuple[int, Any]]:
+def iter_json_array(
+    name: str, first: bytes, meter: ReadMeter | None = None
+) -> Iterator[tuple[int, Any]]:
     """The items of a file that holds one JSON array (ShareGPT datasets, UI exports)."""
-    with open_binary(name) as handle:
+    with open_binary(name, meter) as handle:
         try:
             items = json.load(handle)
         except (ValueError, UnicodeDecodeError) as exc:
