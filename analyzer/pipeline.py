@@ -12,10 +12,11 @@ import polars as pl
 
 from analyzer.diagnose import diagnose_log
 from analyzer.diagnose.parts import PartsSource
+from analyzer.diagnose.recommend import KvShape
 from analyzer.errors import PrefixcheckError
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
 from analyzer.loaders import LoadResult
-from analyzer.measure.estimate import prefill_estimate
+from analyzer.measure.estimate import KV_DTYPE_BYTES, prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
 from analyzer.per_model import model_labels, model_summaries, replay_by_model
 from analyzer.prefixes import TEMPLATE_MIN_TOKENS, SharedPrefix, shared_prefixes
@@ -102,7 +103,6 @@ def analyze(
             chain([sample, following.tokenized], (c.tokenized for c in chunks)),
             reader,
             settings,
-            progress,
         )
         whole, replays = streamed.log, streamed.replays
         order = None
@@ -126,6 +126,7 @@ def analyze(
         if tokenizer
         else None,
         progress,
+        KvShape(shape.name, shape.kv_bytes_per_token(KV_DTYPE_BYTES)),
     )
     prefixes = [  # templates, not the shared heads of varying values
         prefix
@@ -170,7 +171,9 @@ def analyze(
         models=model_summaries(models, prompt_lengths, replays),
         server_comparison=server_comparison,
         shared_prefixes=[
-            _prefix_summary(prefix, block_size, decoder, options.redact, whole)
+            _prefix_summary(
+                prefix, block_size, decoder, options.redact, whole, diagnosed.padding_saves
+            )
             for prefix in prefixes
         ],
         recommendations=diagnosed.diagnosis.recommendations,
@@ -270,6 +273,7 @@ def _prefix_summary(
     decoder: Tokenizer | None,
     redact: bool,
     tokenized: LogTable,
+    padding_saves: dict[bytes, int],
 ) -> PrefixSummary:
     return PrefixSummary(
         tokens=prefix.length,
@@ -279,6 +283,7 @@ def _prefix_summary(
         namespace=tokenized.namespace_labels[prefix.namespace],
         fingerprint=prefix.fingerprint(tokenized.namespace_labels[prefix.namespace]),
         padding=prefix.padding(block_size),
+        padding_saves=padding_saves.get(prefix.tokens.tobytes()),
         recompute_saved_per_request=prefix.recompute_saved_per_request(block_size),
         snippet=None if redact else snippet(prefix.tokens, decoder),
     )

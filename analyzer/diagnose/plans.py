@@ -3,6 +3,7 @@ to replay. A plan's gain is always measured by replaying what it returns."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,6 +58,9 @@ class Context:
     moves: Moves
     servers: np.ndarray | None  # the model each request goes to, when the log has several
     reordered: Reordered | None = None  # the log with its message parts in one order
+    # The context of another workload (the same requests after a fix moved their tokens): its
+    # templates and dynamic values found again, so that a second moving fix can follow a first.
+    relocate: Callable[[Workload], Context] | None = None
 
 
 @dataclass(frozen=True)
@@ -185,21 +189,29 @@ WHAT_IFS = (
 )
 
 
-# Fixes that move tokens: each finds its targets by position in the log as read.
-MOVING = ("pad-prefixes", "move-dynamic", "reorder-parts")
+# Fixes that move tokens, in the order they combine: reordering re-renders the log as read, so it
+# comes first; each later one finds its targets again in the log the previous one left.
+MOVING = ("reorder-parts", "move-dynamic", "pad-prefixes")
 
 
 def what_if_plan(context: Context, spec: str) -> Plan:
-    """The plan for one ``--what-if``; fixes joined with ``+`` apply together (at most one of
-    those that move tokens, applied last)."""
+    """The plan for one ``--what-if``; fixes joined with ``+`` apply together: engine settings
+    first, then the fixes that move tokens in MOVING's order, each on the previous one's log."""
     parts = [part.strip() for part in spec.split("+")]
-    moving = [part for part in parts if part in MOVING]
-    if len(moving) > 1:
-        raise PrefixcheckError(f"--what-if {spec}: {' and '.join(moving)} do not combine")
+    repeated = sorted({part for part in parts if parts.count(part) > 1})
+    if repeated:
+        raise PrefixcheckError(f"--what-if {spec}: {', '.join(repeated)} given twice")
+    moving = sorted((part for part in parts if part in MOVING), key=MOVING.index)
     engines: set[str] = set()
     plan: Plan | None = None
+    moved = False
     for part in [p for p in parts if p not in moving] + moving:
+        if part in MOVING and moved:
+            if context.relocate is None:
+                raise PrefixcheckError(f"--what-if {spec}: these fixes do not combine here")
+            context = replace(context.relocate(context.workload), settings=context.settings)
         plan = _named_plan(context, part)
+        moved = moved or part in MOVING
         context = replace(context, workload=plan.workload, settings=plan.settings)
         engines.update(plan.engines)
     assert plan is not None
