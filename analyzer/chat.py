@@ -169,6 +169,12 @@ class ChatRenderer:
                 f"chat template failed: {type(exc).__name__}: {exc} (template: {self.name})"
             ) from None
 
+    @property
+    def description(self) -> str:
+        """The template's name and the server whose request preparation is reproduced."""
+        server = {"vllm": "vLLM 0.33", "sglang": "SGLang 0.5.23"}[self.rendering]
+        return f"{self.name}; requests prepared as {server}'s OpenAI server does"
+
     def with_rendering(self, rendering: str) -> ChatRenderer:
         """The same templates, prepared as another server prepares requests."""
         return replace(self, rendering=rendering)

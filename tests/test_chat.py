@@ -124,3 +124,25 @@ def test_named_templates_pick_tool_use_when_tools_given() -> None:
 
 def test_builtin_template_is_the_default() -> None:
     assert builtin().template == CHATML_TEMPLATE
+
+
+def test_sglang_rendering_differs_where_its_server_does() -> None:
+    vllm = builtin()
+    sglang = vllm.with_rendering("sglang")
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert "user\na b<|im_end|>" in sglang.render([{"role": "user", "content": parts}])
+    assert "user\na\nb<|im_end|>" in vllm.render([{"role": "user", "content": parts}])
+    bad = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "f", "arguments": "{"}}],
+        },
+    ]
+    assert '"arguments": {}' in vllm.render(bad)  # vLLM coerces invalid JSON to {}
+    with pytest.raises(BadLine, match="must be valid JSON"):
+        sglang.render(bad)
+    tool = {"type": "function", "function": {"parameters": {}, "name": "f"}}
+    assert '{"parameters": {}, "name": "f", "description": null}' in sglang.render(bad[:1], [tool])
+    assert "SGLang" in sglang.description and "vLLM" in vllm.description
