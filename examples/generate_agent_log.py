@@ -29,7 +29,10 @@ def main(sessions: int = 40, turns: int = 6, seed: int = 7) -> None:
     for session in range(sessions):
         messages = [
             {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Task {session}: fix the failing test in module_{session}."},
+            {
+                "role": "user",
+                "content": f"Task {session}: fix the failing test in module_{session}.",
+            },
         ]
         for turn in range(turns):
             last = turn == turns - 1
@@ -47,9 +50,7 @@ def main(sessions: int = 40, turns: int = 6, seed: int = 7) -> None:
                 else {"role": "assistant", "content": None, "tool_calls": [call]}
             )
             response = {
-                "choices": [
-                    {"message": answer, "finish_reason": "stop" if last else "tool_calls"}
-                ],
+                "choices": [{"message": answer, "finish_reason": "stop" if last else "tool_calls"}],
                 "created": 1_760_000_000 + session * 60 + turn * 5,
             }
             body = {"model": "agent", "messages": list(messages), "tools": TOOLS}
