@@ -31,7 +31,7 @@ def main(sessions: int = 40, turns: int = 6, seed: int = 7) -> None:
             {"role": "system", "content": SYSTEM},
             {
                 "role": "user",
-                "content": f"Task {session}: fix the failing test in module_{session}.",
+                "content": f"Task {session}: fix the test in module_{session}.",
             },
         ]
         for turn in range(turns):

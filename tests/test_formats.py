@@ -326,7 +326,7 @@ def test_vllm_0_3_log_spells_prompt_token_ids_with_spaces() -> None:
     result = load("vllm_server_v0_3.log")
     assert len(result.records) == 1
     assert result.records[0].prompt_token_ids[:3] == [151644, 872, 198]
-    assert [s.reason for s in result.skips][0].startswith("not a 'Received request'")
+    assert result.skips[0].reason.startswith("not a 'Received request'")
 
 
 def test_vllm_0_33_log_joins_the_debug_details_line() -> None:
