@@ -9,7 +9,6 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     SpinnerColumn,
@@ -41,16 +40,12 @@ class _InputColumn(ProgressColumn):
 
 
 class _StageColumn(ProgressColumn):
-    """``3/7`` for a stage with a total, nothing for an open-ended one or the input bar."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._count = MofNCompleteColumn()
+    """``3,000/7,000`` for a stage with a total, nothing for an open-ended one or the input."""
 
     def render(self, task: Task) -> Text:
         if task.fields.get("input") or task.total is None:
             return Text("")
-        return self._count.render(task)
+        return Text(f"{int(task.completed):,}/{int(task.total):,}")
 
 
 class _InputOnly(ProgressColumn):

@@ -7,6 +7,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from numba import njit
 from rich.console import Console
 
@@ -31,9 +32,10 @@ class Recorder:
         self.events.append(("input", step, done_bytes, total_bytes, requests))
 
 
-def test_one_overall_bar_across_chunks() -> None:
+@pytest.mark.parametrize("sample_tokens", [None, 3000])  # in memory, and streamed
+def test_one_overall_bar_across_chunks(sample_tokens: int | None) -> None:
     recorder = Recorder()
-    analyze([EXAMPLE], AnalyzeOptions(chunk_records=100), recorder)
+    analyze([EXAMPLE], AnalyzeOptions(chunk_records=100, sample_tokens=sample_tokens), recorder)
     inputs = [e for e in recorder.events if e[0] == "input"]
     first_stage = next(i for i, e in enumerate(recorder.events) if e[0] == "stage")
     assert all(e[0] == "input" for e in recorder.events[:first_stage])  # no bar per chunk
@@ -43,7 +45,9 @@ def test_one_overall_bar_across_chunks() -> None:
     requests = [e[4] for e in inputs]
     assert done == sorted(done) and requests == sorted(requests)  # never restarts
     assert done[-1] == size and requests[-1] == 600
-    assert {"reading", "tokenizing prompts"} <= {e[1] for e in inputs}
+    steps = {e[1] for e in inputs}
+    assert {"reading", "tokenizing prompts"} <= steps
+    assert ("replaying" in steps) == (sample_tokens is not None)
 
 
 def test_the_bar_says_count_unit_share_rate_and_time_left() -> None:
