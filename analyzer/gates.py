@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.diagnose.losses import CATEGORIES
 from analyzer.errors import PrefixcheckError
 
 ENGINES = ("vllm", "sglang")
-_LOSS_LIMIT = re.compile(r"^\s*([a-z_]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
+_LOSS_LIMIT = re.compile(r"^\s*([A-Za-z_-]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,14 @@ class LossLimit:
             raise PrefixcheckError(
                 f"--max-loss {text!r}: expected KIND=TOKENS or KIND=PERCENT% (e.g. alignment=5%)"
             )
-        kind, number, percent = match.groups()
+        name, number, percent = match.groups()
+        kind = name.lower().replace("-", "_")  # dynamic-content, as flags are spelled
+        if kind not in CATEGORIES:
+            close = difflib.get_close_matches(kind, CATEGORIES, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise PrefixcheckError(
+                f"--max-loss {text!r}: no cause {name!r}; {hint}(causes: {', '.join(CATEGORIES)})"
+            )
         value = float(number)
         if percent and value > 100:
             raise PrefixcheckError(f"--max-loss {text!r}: a percentage is at most 100%")
