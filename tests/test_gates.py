@@ -108,9 +108,9 @@ def test_loss_limit_parsing() -> None:
         LossLimit.parse("alignment=120%")
     # the cause spelled as a flag is the cause; a misspelt one is named with the right name
     assert LossLimit.parse("dynamic-content=5%") == LossLimit("dynamic_content", 0.05, True)
-    with pytest.raises(PrefixcheckError, match="did you mean dynamic_content\\?"):
+    with pytest.raises(PrefixcheckError, match=r"did you mean dynamic_content\?"):
         LossLimit.parse("dynamic_contnet=5%")
-    with pytest.raises(PrefixcheckError, match="no cause 'magic'.*causes: never_seen"):
+    with pytest.raises(PrefixcheckError, match=r"no cause 'magic'.*causes: never_seen"):
         LossLimit.parse("magic=5")
 
 
