@@ -18,7 +18,12 @@ from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import KV_DTYPE_BYTES, prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
 from analyzer.pool import model_labels
-from analyzer.prefixes import TEMPLATE_MIN_TOKENS, SharedPrefix, shared_prefixes
+from analyzer.prefixes import (
+    TEMPLATE_MIN_TOKENS,
+    SharedPrefix,
+    shared_prefixes,
+    template_groups,
+)
 from analyzer.progress import NoProgress, Progress
 from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log
 from analyzer.report import (
@@ -141,13 +146,19 @@ def report(
     decoder = _decoder(log)
     prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
     server_comparison = compare_with_server(whole.requests, replays, settings.block_size)
-    prefixes = [  # templates, not the shared heads of varying values
+    candidates = [  # templates, not the shared heads of varying values
         prefix
         for prefix in shared_prefixes(
-            replays.trie, top=2 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
+            replays.trie, top=4 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
         )
         if not diagnosed.values.ends_inside(prefix.tokens)
-    ][: options.top_prefixes]
+    ]
+    # The top prefixes, and the leading prefix of each of the top templates (so that a template's
+    # variants do not crowd the others out).
+    templates = template_groups(candidates)
+    leads = {templates.index(group) for group in set(templates) if group < options.top_prefixes}
+    chosen = sorted(leads | set(range(min(options.top_prefixes, len(candidates)))))
+    prefixes = [(candidates[i], templates[i]) for i in chosen]
     block_size = settings.block_size
     report = Report(
         inputs=loaded.formats,
@@ -303,13 +314,14 @@ def _summary(
 
 
 def _prefix_summary(
-    prefix: SharedPrefix,
+    chosen: tuple[SharedPrefix, int],
     block_size: int,
     decoder: Tokenizer | None,
     redact: bool,
     tokenized: LogTable,
     padding_saves: dict[bytes, int],
 ) -> PrefixSummary:
+    prefix, template = chosen
     return PrefixSummary(
         tokens=prefix.length,
         remainder=prefix.length % block_size,
@@ -319,6 +331,7 @@ def _prefix_summary(
         fingerprint=prefix.fingerprint(tokenized.namespace_labels[prefix.namespace]),
         padding=prefix.padding(block_size),
         padding_saves=padding_saves.get(prefix.tokens.tobytes()),
+        template=template,
         recompute_saved_per_request=prefix.recompute_saved_per_request(block_size),
         snippet=None if redact else snippet(prefix.tokens, decoder),
     )

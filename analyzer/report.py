@@ -72,6 +72,9 @@ class PrefixSummary:
     # Recomputed tokens that padding it saves on the diagnosed requests, by replay (the padding's
     # own tokens count against it); None when it was not replayed (aligned, or too few requests).
     padding_saves: int | None = None
+    # The template it is a variant of (prefixes with the same first tokens, in any namespace),
+    # numbered from 0 in the order the report lists them.
+    template: int = 0
 
 
 @dataclass(frozen=True)
