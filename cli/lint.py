@@ -14,7 +14,7 @@ from rich.table import Table
 
 from analyzer.chat import chat_renderer
 from analyzer.errors import PrefixcheckError
-from analyzer.lint import TemplateLint, lint_templates, template_files
+from analyzer.lint import TemplateLint, lint_templates, summary, template_files
 from analyzer.tokenizer import load_tokenizer
 from cli.common import EXIT_GATE_FAILED, fail, write_text
 
@@ -63,6 +63,7 @@ def lint_command(
                 highlight=False,
             )
             failing |= finding.severity == "error" or warnings_as_errors
+    console.print(summary(results), highlight=False)
     if failing:
         raise typer.Exit(EXIT_GATE_FAILED)
 
@@ -74,6 +75,9 @@ def _table(results: list[TemplateLint], block_size: int) -> Table:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("placeholder")
     for r in results:
+        if any(f.rule == "PC000" for f in r.findings):  # not read: nothing to measure
+            table.add_row(r.path, "-", "-", "-", "-", "-")
+            continue
         table.add_row(
             r.path,
             f"{r.prompt_tokens:,}",
