@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 from dataclasses import replace
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
 
@@ -58,12 +59,31 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Replay LLM prompt logs through vLLM's and SGLang's prefix caches and explain the hits.",
+    # Plain help, as vllm serve and sglang's launch_server print theirs: it wraps long flag names
+    # onto their own line instead of cutting them at 80 columns, as rich's panels do.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"prefixcheck {package_version('prefixcheck')}")
+        raise typer.Exit()
 
 
 @app.callback()
 def _root(
     ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
     config: Annotated[
         Path | None,
         typer.Option(
