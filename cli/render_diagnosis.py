@@ -5,27 +5,43 @@ from __future__ import annotations
 
 import numpy as np
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.model import Diagnosis
+from analyzer.units import binary_bytes
 
 CURVE_ROWS = 10
+WIDE_CONSOLE = 120  # consoles at least this wide show example values in the table
 EIGHTHS = " ▏▎▍▌▋▊▉"
 LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 STYLES = {"vllm": "cyan", "sglang": "magenta"}
 
 
-def render_diagnosis(diagnosis: Diagnosis, prompt_tokens: int, console: Console) -> None:
-    console.print(_losses(diagnosis, prompt_tokens))
+def render_diagnosis(
+    diagnosis: Diagnosis,
+    prompt_tokens: int,
+    console: Console,
+    *,
+    kv_bytes_per_token: int | None = None,
+    model: str | None = None,
+) -> None:
+    """The detail of the diagnosis (its losses table is printed with the verdict's evidence):
+    dynamic values, the capacity curve (in tokens, and KV bytes on ``model``), block sizes,
+    what-ifs."""
     if diagnosis.dynamic_content:
-        console.print(_dynamic(diagnosis))
+        console.print(_dynamic(diagnosis, wide=console.width >= WIDE_CONSOLE))
     width = max(8, (console.width - 22) // 2 - 9)  # two engines, a label and a rate each
     if any(curve.points for curve in diagnosis.capacity_curves.values()):
-        console.print(_capacity_chart(diagnosis, prompt_tokens, width))
+        kv_width = 10 if kv_bytes_per_token else 0
+        console.print(
+            _capacity_chart(
+                diagnosis, prompt_tokens, max(8, width - kv_width // 2), kv_bytes_per_token, model
+            )
+        )
     console.print(_size_chart(diagnosis, prompt_tokens, width))
     if diagnosis.what_if:
         console.print(_what_if(diagnosis))
@@ -41,7 +57,7 @@ def bar(share: float, width: int, style: str) -> Text:
     return text
 
 
-def _losses(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
+def losses_table(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
     table = Table(title="Recomputed prompt tokens by cause", box=box.SIMPLE, title_justify="left")
     table.add_column("cause")
     for engine in diagnosis.losses:
@@ -58,37 +74,65 @@ def _losses(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
         total = sum(losses.tokens.values())
         totals += [f"{total:,}", f"{total / prompt_tokens:.1%}" if prompt_tokens else "-"]
     table.add_row(Text("recomputed (prompt − hit)", style="bold"), *totals, style="bold")
-    table.caption = "Causes add up to each engine's recomputed tokens (see loss_definitions)."
+    table.caption = (
+        "share: of prompt tokens. Causes add up to each engine's recomputed tokens "
+        "(loss_definitions in the JSON)."
+    )
     table.caption_justify = "left"
     return table
 
 
-def _dynamic(diagnosis: Diagnosis) -> Table:
+def _dynamic(diagnosis: Diagnosis, wide: bool) -> Table | Group:
+    """The sites; their example values in a column on a wide console, else below the table,
+    one numbered line each (wrapped, never cut)."""
     table = Table(title="Dynamic content before shared text", box=box.SIMPLE, title_justify="left")
-    for header in ("token", "kind", "requests", "value", "static after", "lost"):
+    headers = ("token", "kind", "requests", "value", "static after", "lost")
+    for header in headers if wide else ("#", *headers):
         table.add_column(header, justify="right" if header != "kind" else "left", no_wrap=True)
-    table.add_column("examples")  # shrinks first; each cell stays one truncated line
-    for site in diagnosis.dynamic_content:
-        joined = "(redacted)" if site.examples is None else " | ".join(site.examples)
-        examples = Text(joined, no_wrap=True, overflow="ellipsis")
-        table.add_row(
+    if wide:
+        table.add_column("examples", overflow="fold")
+    examples = Table.grid(padding=(0, 1))
+    examples.add_column(justify="right")
+    examples.add_column(overflow="fold")
+    for number, site in enumerate(diagnosis.dynamic_content, 1):
+        joined = Text("(redacted)" if site.examples is None else " | ".join(site.examples))
+        cells = [
             str(site.position),
             site.kind,
             f"{site.requests:,}",
             f"{site.value_tokens}",
             f"{site.static_tokens_after:,}",
             f"{site.lost_tokens:,}",
-            examples,
-        )
-    return table
+        ]
+        if wide:
+            table.add_row(*cells, joined)
+        else:
+            table.add_row(str(number), *cells)
+            examples.add_row(str(number), joined)
+    table.caption = (
+        "token: where the value starts; value: its longest length in tokens; static after: the "
+        "shared tokens it keeps from being reused; lost: the dynamic content loss it causes."
+    )
+    table.caption_justify = "left"
+    return table if wide else Group(table, examples, Text())
 
 
-def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
+def _capacity_chart(
+    diagnosis: Diagnosis,
+    prompt_tokens: int,
+    width: int,
+    kv_bytes_per_token: int | None,
+    model: str | None,
+) -> Table:
     curves = diagnosis.capacity_curves
     table = Table(
-        title="Hit rate against KV capacity (LRU, one pass)", box=box.SIMPLE, title_justify="left"
+        title="Token hit rate against KV capacity (LRU, one pass)",
+        box=box.SIMPLE,
+        title_justify="left",
     )
-    table.add_column("capacity", justify="right")
+    table.add_column("capacity\n(tokens)", justify="right", no_wrap=True)
+    if kv_bytes_per_token:
+        table.add_column(f"KV on\n{model}", justify="right", no_wrap=True)
     for engine in curves:
         table.add_column(LABELS[engine])
     for capacity in _chart_capacities(curves):
@@ -96,19 +140,16 @@ def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Tab
         for engine, curve in curves.items():
             rate = _hits_at(curve, capacity) / prompt_tokens if prompt_tokens else 0.0
             cells.append(bar(rate, width, STYLES[engine]))
-        table.add_row(f"{capacity:,}", *cells)
-    checks = []
-    for engine, curve in curves.items():
-        error = curve.max_abs_error(prompt_tokens)
-        checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
-        for point in curve.checks:
-            if point.belady_hit_tokens is not None and prompt_tokens:
-                checks.append(
-                    f"{LABELS[engine]} at {point.capacity_tokens:,}: LRU "
-                    f"{point.replay_hit_tokens / prompt_tokens:.1%}, Belady bound "
-                    f"{point.belady_hit_tokens / prompt_tokens:.1%}"
-                )
-    table.caption = "; ".join(checks)
+        kv = [binary_bytes(capacity * kv_bytes_per_token)] if kv_bytes_per_token else []
+        table.add_row(f"{capacity:,}", *kv, *cells)
+    errors = ", ".join(
+        f"{LABELS[engine]} ±{curve.max_abs_error(prompt_tokens):.1%}"
+        for engine, curve in curves.items()
+    )
+    table.caption = (
+        f"The curve against full replays at a few capacities: {errors} of prompt tokens at most. "
+        "The Belady bound at the configured capacity is a row of the hits table."
+    )
     table.caption_justify = "left"
     return table
 

@@ -118,7 +118,7 @@ def test_terminal_shows_losses_and_charts(example: dict) -> None:
     for title in (
         "Recomputed prompt tokens by cause",
         "Dynamic content before shared text",
-        "Hit rate against KV capacity",
+        "Token hit rate against KV capacity",
         "Hit rate against block size",
     ):
         assert title in output
