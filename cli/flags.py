@@ -40,6 +40,7 @@ from cli.inputs import (
     HashBlockSize,
     MessagesField,
     PromptField,
+    RenderAs,
     SaltField,
     TenantField,
     TimeField,
@@ -84,6 +85,7 @@ class ReadFlags:
     salt_field: SaltField = None
     chat_template: ChatTemplate = None
     chat_template_kwargs: ChatTemplateKwargs = None
+    render_as: RenderAs = "vllm"
     cache: Cache = True
     fast_tokenizer: FastTokenizer = True
     strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False
