@@ -14,9 +14,9 @@ from analyzer.diagnose.dynamic import Site, Spans
 from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
 from analyzer.diagnose.measure import ENGINES
 from analyzer.diagnose.parts import Reordered
+from analyzer.diagnose.what_if import MOVING, Fix, WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.replay import ReplaySettings
-from cache_models.config import SGLANG_EVICTION_POLICIES
 from cache_models.workload import Workload
 
 # The static run after a value is what this share of the site's prompts still share.
@@ -153,69 +153,33 @@ def salt_plan(context: Context) -> Plan:
     return Plan("no-salt", "salt", workload, context.settings)
 
 
-def settings_plan(context: Context, name: str, value: str) -> Plan:
+def settings_plan(context: Context, name: str | Fix, value: str = "") -> Plan:
     """A different engine flag: block-size, page-size, capacity or eviction-policy."""
-    label = f"{name}={value}"
-    change: dict[str, Any]
-    try:
-        if name == "block-size":
-            change, kind, engines = {"block_size": _positive(value)}, "block_size", ("vllm",)
-        elif name == "page-size":
-            change, kind, engines = {"page_size": _positive(value)}, "block_size", ("sglang",)
-        elif name == "capacity":
-            unbounded = value.lower() in ("none", "unbounded", "inf")
-            change = {"capacity_tokens": None if unbounded else _positive(value)}
-            kind, engines = "capacity", ENGINES
-        elif name == "eviction-policy" and value in SGLANG_EVICTION_POLICIES:
-            change, kind, engines = {"eviction_policy": value}, "eviction", ("sglang",)
-        else:
-            raise ValueError(value)
-        settings = replace(context.settings, **change)
-        settings.vllm(), settings.sglang()  # the engines' own checks (a block fits the cache)
-    except ValueError as exc:
-        raise PrefixcheckError(f"--what-if {label}: not a valid value ({exc})") from None
-    return Plan(label, kind, context.workload, settings, engines)
+    fix = name if isinstance(name, Fix) else Fix.parse(f"{name}={value}")
+    settings = fix.settings(context.settings)
+    return Plan(fix.label, fix.kind, context.workload, settings, fix.engines)
 
 
-WHAT_IFS = (
-    "pad-prefixes",
-    "move-dynamic",
-    "reorder-parts",
-    "no-salt",
-    "block-size=N",
-    "page-size=N",
-    "capacity=N",
-    "eviction-policy=P",
-)
-
-
-# Fixes that move tokens, in the order they combine: reordering re-renders the log as read, so it
-# comes first; each later one finds its targets again in the log the previous one left.
-MOVING = ("reorder-parts", "move-dynamic", "pad-prefixes")
-
-
-def what_if_plan(context: Context, spec: str) -> Plan:
-    """The plan for one ``--what-if``; fixes joined with ``+`` apply together: engine settings
-    first, then the fixes that move tokens in MOVING's order, each on the previous one's log."""
-    parts = [part.strip() for part in spec.split("+")]
-    repeated = sorted({part for part in parts if parts.count(part) > 1})
-    if repeated:
-        raise PrefixcheckError(f"--what-if {spec}: {', '.join(repeated)} given twice")
-    moving = sorted((part for part in parts if part in MOVING), key=MOVING.index)
+def what_if_plan(context: Context, spec: WhatIfSpec | str) -> Plan:
+    """The plan for one ``--what-if``; fixes joined with ``+`` apply together, in the spec's
+    order: engine flags first, then the fixes that move tokens, each on the log the previous one
+    left (its targets found again there)."""
+    if isinstance(spec, str):
+        spec = WhatIfSpec.parse(spec)
     engines: set[str] = set()
     plan: Plan | None = None
     moved = False
-    for part in [p for p in parts if p not in moving] + moving:
-        if part in MOVING and moved:
+    for fix in spec.parts:
+        if fix.name in MOVING and moved:
             if context.relocate is None:
-                raise PrefixcheckError(f"--what-if {spec}: these fixes do not combine here")
+                raise PrefixcheckError(f"--what-if {spec.text}: these fixes do not combine here")
             context = replace(context.relocate(context.workload), settings=context.settings)
-        plan = _named_plan(context, part)
-        moved = moved or part in MOVING
+        plan = _named_plan(context, fix)
+        moved = moved or fix.name in MOVING
         context = replace(context, workload=plan.workload, settings=plan.settings)
         engines.update(plan.engines)
     assert plan is not None
-    return replace(plan, name=spec, engines=tuple(e for e in ENGINES if e in engines))
+    return replace(plan, name=spec.text, engines=tuple(e for e in ENGINES if e in engines))
 
 
 def static_runs(workload: Workload, spans: Spans, n_sites: int) -> Moves:
@@ -238,30 +202,20 @@ def static_runs(workload: Workload, spans: Spans, n_sites: int) -> Moves:
     return Moves(spans, np.minimum(end, next_start), static)
 
 
-def _named_plan(context: Context, part: str) -> Plan:
-    name, _, value = part.partition("=")
-    if name == "pad-prefixes" and not value:
+def _named_plan(context: Context, fix: Fix) -> Plan:
+    if fix.name == "pad-prefixes":
         if not context.pad_targets:
             raise PrefixcheckError("--what-if pad-prefixes: no shared template in this log")
         return pad_plan(context, context.pad_targets)
-    if name == "move-dynamic" and not value:
+    if fix.name == "move-dynamic":
         if not context.sites:
             raise PrefixcheckError("--what-if move-dynamic: no dynamic content in this log")
         return move_plan(context, list(range(len(context.sites))))
-    if name == "no-salt" and not value:
+    if fix.name == "no-salt":
         return salt_plan(context)
-    if name == "reorder-parts" and not value:
+    if fix.name == "reorder-parts":
         return reorder_plan(context)
-    if value and name in ("block-size", "page-size", "capacity", "eviction-policy"):
-        return settings_plan(context, name, value)
-    raise PrefixcheckError(f"unknown --what-if {part!r} (one of: {', '.join(WHAT_IFS)})")
-
-
-def _positive(value: str) -> int:
-    number = float(value)
-    if number < 1 or number != int(number):
-        raise ValueError(value)
-    return int(number)
+    return settings_plan(context, fix)
 
 
 @njit(cache=True)
