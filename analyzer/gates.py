@@ -51,6 +51,23 @@ class LossLimit:
         )
 
 
+def parse_rate(text: str, flag: str = "--fail-under") -> float:
+    """A hit rate as a share (``0.7``) or a percentage (``70``, ``70%``), as coverage.py's
+    ``--fail-under`` users type it."""
+    value = text.strip()
+    percent = value.endswith("%")
+    try:
+        number = float(value.removesuffix("%"))
+    except ValueError:
+        message = f"{flag} {text!r}: expected a rate (0.7) or a percentage (70%)"
+        raise PrefixcheckError(message) from None
+    if percent or number > 1:
+        number /= 100
+    if not 0 <= number <= 1:
+        raise PrefixcheckError(f"{flag} {text!r}: a rate is between 0 and 1 (0% and 100%)")
+    return number
+
+
 @dataclass(frozen=True)
 class GateResult:
     """One check of one engine: its name (a JUnit test case), the measured value, and why."""

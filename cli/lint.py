@@ -16,7 +16,7 @@ from analyzer.chat import chat_renderer
 from analyzer.errors import PrefixcheckError
 from analyzer.lint import TemplateLint, lint_templates, summary, template_files
 from analyzer.tokenizer import load_tokenizer
-from cli.common import EXIT_GATE_FAILED, fail, write_text
+from cli.common import EXIT_GATE_FAILED, fail, to_stdout, write_text
 
 
 def lint_command(
@@ -39,7 +39,7 @@ def lint_command(
     ] = None,
 ) -> None:
     """Token length, block alignment and dynamic placeholders of prompt templates."""
-    console, errors = Console(), Console(stderr=True)
+    console, errors = Console(stderr=to_stdout(json_path, junit_path)), Console(stderr=True)
     try:
         files = template_files(paths)
         loaded = load_tokenizer(tokenizer)

@@ -22,7 +22,7 @@ from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.report import report_schema
-from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
+from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, Command, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.export_trace import export_trace_command
@@ -90,21 +90,21 @@ def _root(
         fail(Console(stderr=True), str(exc))
 
 
-app.command("compare")(compare_command)
+app.command("compare", cls=Command)(compare_command)
 
 
-@app.command("schema")
+@app.command("schema", cls=Command)
 def schema_command() -> None:
     """Print the JSON Schema of `analyze --json` reports."""
     print(json.dumps(report_schema(), indent=2))
 
 
-app.command("lint")(lint_command)
-app.command("measure")(measure_command)
-app.command("export-trace")(export_trace_command)
+app.command("lint", cls=Command)(lint_command)
+app.command("measure", cls=Command)(measure_command)
+app.command("export-trace", cls=Command)(export_trace_command)
 
 
-@app.command("analyze")
+@app.command("analyze", cls=Command)
 @flag_groups
 def analyze_command(
     files: Files,
@@ -122,10 +122,11 @@ def analyze_command(
     """Replay a prompt log through both engines' prefix caches and report the hits."""
     console = Console()
     errors = Console(stderr=True)
+    quiet = quiet or outputs.to_stdout  # standard output holds the JSON (or Markdown...) alone
     try:
         options = AnalyzeOptions(
             ingest=read.ingest,
-            settings=cache.settings(scheduler),
+            settings=cache.settings(scheduler, diagnose.model_preset),
             top_prefixes=diagnose.top,
             redact=diagnose.redact,
             what_if=diagnose.specs,
@@ -147,7 +148,7 @@ def analyze_command(
                 result = replace(result, report=replace(result.report, measurement=measured))
         report = result.report.to_dict()
         checked = evaluate_gates(
-            report, fail_under=gates.fail_under, max_losses=gates.limits, engine=gates.engine
+            report, fail_under=gates.rate, max_losses=gates.limits, engine=gates.engine
         )
         if outputs.json_path is not None:
             write_text(outputs.json_path, json.dumps(report, indent=2) + "\n")
@@ -165,8 +166,8 @@ def analyze_command(
     if not quiet:
         render_report(result.report, console)
         render_gates(checked, console)
-    for line in annotations:
-        print(line)
+    for line in annotations:  # on stderr when stdout holds a report (the runner reads both)
+        print(line, file=sys.stderr if outputs.to_stdout else sys.stdout)
     failed = [gate for gate in checked if not gate.passed]
     for gate in failed:
         errors.print(

@@ -197,8 +197,10 @@ def tokens_log(path: Path) -> Path:
 
 
 def measure(log: Path, *args: str | Path) -> object:
-    base = ["measure", str(log), "--format", "tokens", "--device", "cpu", "--model-preset", "tiny"]
-    return runner.invoke(app, [*base, "--repeats", "2", *map(str, args)])
+    given = [str(arg) for arg in args]
+    device = [] if "--device" in given else ["--device", "cpu"]  # an option is given once
+    base = ["measure", str(log), "--format", "tokens", *device, "--model-preset", "tiny"]
+    return runner.invoke(app, [*base, "--repeats", "2", *given])
 
 
 def test_measure_end_to_end_on_cpu(tmp_path: Path) -> None:
