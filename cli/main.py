@@ -155,7 +155,7 @@ def analyze_command(
         if outputs.markdown_path is not None:
             write_text(outputs.markdown_path, markdown(report, checked))
         if outputs.html_path is not None:
-            write_text(outputs.html_path, html_report(report))
+            write_text(outputs.html_path, html_report(report, checked))
         if outputs.junit_path is not None:
             write_text(outputs.junit_path, junit_xml(report, checked))
         if outputs.per_request is not None:
