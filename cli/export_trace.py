@@ -54,7 +54,8 @@ def export_trace_command(
     strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False,
 ) -> None:
     """Tokenize logs and write them as a hash-id trace (timestamp ms, input_length,
-    output_length, chained hash_ids) for vLLM's timed_trace benchmark, Dynamo or AIPerf."""
+    output_length, chained hash_ids; output_hash_ids over known answers) for vLLM's timed_trace
+    benchmark, Dynamo or AIPerf."""
     errors = Console(stderr=True)
     try:
         options = ingest_options(
