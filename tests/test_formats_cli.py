@@ -238,3 +238,22 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
     assert process.returncode == 130
     assert stderr.decode().strip().endswith("prefixcheck: interrupted")
     assert "Traceback" not in stderr.decode()
+
+
+@pytest.mark.parametrize("name", ["langfuse_batch_export.jsonl", "helicone_export.json"])
+def test_exported_tool_call_answers_are_hit_by_the_next_turn(name: str, tmp_path: Path) -> None:
+    """The first turn's answer calls a tool (content null): the second turn's prompt holds it
+    as the template renders it, so it hits the first prompt and that answer, token for token.
+    Without the answer it would hit the first prompt only."""
+    table = tmp_path / "requests.csv"
+    args = ("analyze", FIXTURES / name, "--block-size", "1", "--per-request", table, "--quiet")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    first, second = (line.split(",") for line in table.read_text().splitlines()[1:3])
+    header = table.read_text().splitlines()[0].split(",")
+    names = ("prompt_tokens", "output_tokens", "vllm_hit", "ceiling_hit")
+    column = {name: header.index(name) for name in names}
+    answered = int(first[column["prompt_tokens"]]) + int(first[column["output_tokens"]])
+    assert int(second[column["ceiling_hit"]]) == answered
+    # vLLM never computes the KV of the answer's last token (decode stops on it).
+    assert int(second[column["vllm_hit"]]) == answered - 1
