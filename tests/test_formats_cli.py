@@ -125,7 +125,7 @@ def test_export_trace_chains_block_ids_like_vllm(tmp_path: Path) -> None:
         [None, None, "t"],
     )
     trace = tmp_path / "trace.jsonl"
-    result = invoke("export-trace", log, "--block-size", "16", "-o", trace)
+    result = invoke("export-trace", log, "--hash-id-tokens", "16", "-o", trace)
     assert result.exit_code == 0, result.output
     assert "wrote 3 requests" in result.output
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -145,7 +145,7 @@ def test_exported_trace_replays_to_the_same_vllm_hits(tmp_path: Path) -> None:
     later turns miss the answers they repeat."""
     log = ROOT / "examples" / "chat_logs.jsonl"
     trace = tmp_path / "trace.jsonl"
-    assert invoke("export-trace", log, "--block-size", "16", "-o", trace).exit_code == 0
+    assert invoke("export-trace", log, "--hash-id-tokens", "16", "-o", trace).exit_code == 0
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     with_answers = [line for line in lines if "output_hash_ids" in line]
     assert len(with_answers) > len(lines) / 2
