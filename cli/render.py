@@ -33,17 +33,18 @@ def render_report(report: Report, console: Console) -> None:
         console.print(models_table(report.models))
     if report.server_comparison is not None:
         console.print(server_table(report.server_comparison))
-    if report.diagnosis is not None:
-        console.print(losses_table(report.diagnosis, report.prompt_tokens))
+    scope = report.diagnosis_scope
+    if report.diagnosis is not None and scope is not None:
+        console.print(losses_table(report.diagnosis, scope))
     if report.recommendations:
         console.print(_recommendations(report))
     if report.shared_prefixes:
         console.print(_prefixes(report, wide=console.width >= WIDE_CONSOLE))
-    if report.diagnosis is not None:
+    if report.diagnosis is not None and scope is not None:
         kv = report.prefill_estimate
         render_diagnosis(
             report.diagnosis,
-            report.prompt_tokens,
+            scope,
             console,
             kv_bytes_per_token=kv.kv_bytes_per_token if kv else None,
             model=kv.model if kv else None,
@@ -74,6 +75,9 @@ def _recommendations(report: Report) -> Panel:
         items.append(Text(f"{number}. {item.summary}"))
         if item.why:
             items.append(Text(f"   why: {item.why}", style="dim"))
+    scope = report.diagnosis_scope
+    if scope is not None and not scope.whole_log:
+        items.append(Text(f"Measured by replay {scope.description}.", style="dim"))
     return Panel(
         Group(*items),
         title="Recommendations (measured by replay; largest saving first)",
@@ -125,16 +129,18 @@ def _engines(report: Report) -> Table:
             style=style,
         )
     belady = report.diagnosis.belady if report.diagnosis is not None else None
-    prompt = report.prompt_tokens
+    scope = report.diagnosis_scope
+    sampled = scope is not None and not scope.whole_log
     for engine, hits in (belady or {}).items():
+        shown = scope.share(hits) if scope is not None else hits / max(1, report.prompt_tokens)
         table.add_row(
-            f"Belady bound, {LABELS.get(engine, engine)}",
+            f"Belady bound, {LABELS.get(engine, engine)}" + (" (sample)" if sampled else ""),
             f"{hits:,}",
-            f"{hits / prompt:.1%}" if prompt else "-",
+            f"{shown:.1%}",
             "-",
             style="dim",
         )
-    share = report.alignment_loss_tokens / prompt if prompt else 0.0
+    share = report.alignment_share
     bound = (
         " Belady bound: the most hits any eviction policy could get at this capacity, knowing "
         "the future."
@@ -146,6 +152,12 @@ def _engines(report: Report) -> Table:
         f"hits − vLLM hits): {report.alignment_loss_tokens:,} tokens ({share:.1%} of prompt "
         f"tokens).{bound}"
     )
+    scope = report.diagnosis_scope
+    if scope is not None and not scope.whole_log:
+        table.caption += (
+            f"\nOver the whole log: {report.requests:,} requests, {report.prompt_tokens:,} "
+            f"prompt tokens (the diagnosis below covers its first {scope.requests:,})."
+        )
     table.caption_justify = "left"
     return table
 

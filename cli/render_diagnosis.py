@@ -12,6 +12,7 @@ from rich.text import Text
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.model import Diagnosis
+from analyzer.report import DiagnosisScope
 from analyzer.units import binary_bytes
 
 CURVE_ROWS = 10
@@ -23,28 +24,46 @@ STYLES = {"vllm": "cyan", "sglang": "magenta"}
 
 def render_diagnosis(
     diagnosis: Diagnosis,
-    prompt_tokens: int,
+    scope: DiagnosisScope,
     console: Console,
     *,
     kv_bytes_per_token: int | None = None,
     model: str | None = None,
 ) -> None:
-    """The detail of the diagnosis (its losses table is printed with the verdict's evidence):
-    dynamic values, the capacity curve (in tokens, and KV bytes on ``model``), block sizes,
-    what-ifs."""
-    if diagnosis.dynamic_content:
-        console.print(_dynamic(diagnosis, wide=console.width >= WIDE_CONSOLE))
+    """The detail of the diagnosis, each table with its shares over ``scope`` (the sample when
+    streamed), said beside it: dynamic values, the capacity curve (in tokens, and KV bytes on
+    ``model``), block sizes, what-ifs. Its losses table goes with the verdict's evidence
+    (``losses_table``)."""
     width = max(8, (console.width - 22) // 2 - 9)  # two engines, a label and a rate each
+    if diagnosis.dynamic_content:
+        wide = console.width >= WIDE_CONSOLE
+        table, examples = _dynamic(diagnosis, wide)
+        console.print(with_scope(table, scope))
+        if examples is not None:
+            console.print(examples)
+    tables = []
     if any(curve.points for curve in diagnosis.capacity_curves.values()):
-        kv_width = 10 if kv_bytes_per_token else 0
-        console.print(
-            _capacity_chart(
-                diagnosis, prompt_tokens, max(8, width - kv_width // 2), kv_bytes_per_token, model
-            )
-        )
-    console.print(_size_chart(diagnosis, prompt_tokens, width))
+        bars = max(8, width - (5 if kv_bytes_per_token else 0))
+        tables.append(_capacity_chart(diagnosis, scope, bars, kv_bytes_per_token, model))
+    tables.append(_size_chart(diagnosis, scope, width))
     if diagnosis.what_if:
-        console.print(_what_if(diagnosis))
+        tables.append(_what_if(diagnosis))
+    for table in tables:
+        console.print(with_scope(table, scope))
+
+
+def losses_table(diagnosis: Diagnosis, scope: DiagnosisScope) -> Table:
+    """Recomputed prompt tokens by cause, its shares over ``scope`` (said when a sample)."""
+    return with_scope(_losses(diagnosis, scope), scope)
+
+
+def with_scope(table: Table, scope: DiagnosisScope) -> Table:
+    """The table with the scope of its figures in its caption when they cover a sample."""
+    if not scope.whole_log:
+        line = f"Measured {scope.description}."
+        table.caption = f"{table.caption}\n{line}" if table.caption else line
+        table.caption_justify = "left"
+    return table
 
 
 def bar(share: float, width: int, style: str) -> Text:
@@ -57,7 +76,7 @@ def bar(share: float, width: int, style: str) -> Text:
     return text
 
 
-def losses_table(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
+def _losses(diagnosis: Diagnosis, scope: DiagnosisScope) -> Table:
     table = Table(title="Recomputed prompt tokens by cause", box=box.SIMPLE, title_justify="left")
     table.add_column("cause")
     for engine in diagnosis.losses:
@@ -67,12 +86,12 @@ def losses_table(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
         cells = []
         for losses in diagnosis.losses.values():
             tokens = losses.tokens[name]
-            cells += [f"{tokens:,}", f"{tokens / prompt_tokens:.1%}" if prompt_tokens else "-"]
+            cells += [f"{tokens:,}", f"{scope.share(tokens):.1%}" if scope.prompt_tokens else "-"]
         table.add_row(name.replace("_", " "), *cells)
     totals = []
     for losses in diagnosis.losses.values():
         total = sum(losses.tokens.values())
-        totals += [f"{total:,}", f"{total / prompt_tokens:.1%}" if prompt_tokens else "-"]
+        totals += [f"{total:,}", f"{scope.share(total):.1%}" if scope.prompt_tokens else "-"]
     table.add_row(Text("recomputed (prompt − hit)", style="bold"), *totals, style="bold")
     table.caption = (
         "share: of prompt tokens. Causes add up to each engine's recomputed tokens "
@@ -82,7 +101,7 @@ def losses_table(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
     return table
 
 
-def _dynamic(diagnosis: Diagnosis, wide: bool) -> Table | Group:
+def _dynamic(diagnosis: Diagnosis, wide: bool) -> tuple[Table, Group | None]:
     """The sites; their example values in a column on a wide console, else below the table,
     one numbered line each (wrapped, never cut)."""
     table = Table(title="Dynamic content before shared text", box=box.SIMPLE, title_justify="left")
@@ -114,12 +133,12 @@ def _dynamic(diagnosis: Diagnosis, wide: bool) -> Table | Group:
         "shared tokens it keeps from being reused; lost: the dynamic content loss it causes."
     )
     table.caption_justify = "left"
-    return table if wide else Group(table, examples, Text())
+    return table, None if wide else Group(examples, Text())
 
 
 def _capacity_chart(
     diagnosis: Diagnosis,
-    prompt_tokens: int,
+    scope: DiagnosisScope,
     width: int,
     kv_bytes_per_token: int | None,
     model: str | None,
@@ -138,12 +157,11 @@ def _capacity_chart(
     for capacity in _chart_capacities(curves):
         cells = []
         for engine, curve in curves.items():
-            rate = _hits_at(curve, capacity) / prompt_tokens if prompt_tokens else 0.0
-            cells.append(bar(rate, width, STYLES[engine]))
+            cells.append(bar(scope.share(_hits_at(curve, capacity)), width, STYLES[engine]))
         kv = [binary_bytes(capacity * kv_bytes_per_token)] if kv_bytes_per_token else []
         table.add_row(f"{capacity:,}", *kv, *cells)
     errors = ", ".join(
-        f"{LABELS[engine]} ±{curve.max_abs_error(prompt_tokens):.1%}"
+        f"{LABELS[engine]} ±{curve.max_abs_error(scope.prompt_tokens):.1%}"
         for engine, curve in curves.items()
     )
     table.caption = (
@@ -170,7 +188,7 @@ def _hits_at(curve: CapacityCurve, capacity: int) -> int:
     return below[-1] if below else 0
 
 
-def _size_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
+def _size_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> Table:
     table = Table(
         title="Hit rate against block size (vLLM) and page size (SGLang)",
         box=box.SIMPLE,
@@ -185,10 +203,10 @@ def _size_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
         cells = []
         for engine, points in sweep.items():
             hit = next((p.hit_tokens for p in points if p.size == size), None)
-            if hit is None or not prompt_tokens:
+            if hit is None or not scope.prompt_tokens:
                 cells.append(Text("-"))
                 continue
-            cells.append(bar(hit / prompt_tokens, width, STYLES[engine]))
+            cells.append(bar(scope.share(hit), width, STYLES[engine]))
         table.add_row(str(size), *cells)
     return table
 

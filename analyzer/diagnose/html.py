@@ -53,6 +53,7 @@ def html_report(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str
         _verdict(report, gates),
         _engines(report),
     ]
+    scope = _scope_note(report)
     if report["skipped"]["count"]:
         sections.append(_skipped(report))
     if report.get("models"):
@@ -60,19 +61,19 @@ def html_report(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str
     if report.get("server_comparison"):
         sections.append(_server(report))
     if report.get("losses"):
-        sections.append(_losses(report))
+        sections.append(_losses(report) + scope)
     if report.get("recommendations"):
-        sections.append(_recommendations(report))
+        sections.append(_recommendations(report) + scope)
     if report.get("shared_prefixes"):
         sections.append(_prefixes(report))
     if report.get("dynamic_content"):
-        sections.append(_dynamic(report))
+        sections.append(_dynamic(report) + scope)
     if report.get("capacity_curve"):
-        sections.append(_capacity(report))
+        sections.append(_capacity(report) + scope)
     if report.get("block_size_sweep"):
-        sections.append(_sizes(report))
+        sections.append(_sizes(report) + scope)
     if report.get("what_if"):
-        sections.append(_what_if(report))
+        sections.append(_what_if(report) + scope)
     if report.get("prefill_estimate"):
         sections.append(_estimate(report))
     notes = "".join(f"<p class='note'>note: {escape(n)}</p>" for n in report.get("notes", []))
@@ -83,6 +84,15 @@ def html_report(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str
         + notes
         + "</body></html>\n"
     )
+
+
+def _scope_note(report: dict[str, Any]) -> str:
+    """The line beside each diagnosis section saying which requests its shares are over, when
+    they are a sample of the log."""
+    scope = report.get("diagnosis_scope")
+    if not scope or scope["whole_log"]:
+        return ""
+    return f"<p class='note'>Measured {escape(scope['description'])}.</p>"
 
 
 def _table(headers: list[str], rows: list[list[str]], text_columns: tuple[int, ...] = ()) -> str:
@@ -126,6 +136,13 @@ def _engines(report: dict[str, Any]) -> str:
         + (f" Belady bound: {escape(bounds.get('belady_definition', ''))}." if belady else "")
         + "</p>"
     )
+    scope = report.get("diagnosis_scope")
+    if scope and not scope["whole_log"]:
+        extra += (
+            f"<p class='note'>Over the whole log: {report['requests']:,} requests, "
+            f"{report['prompt_tokens']:,} prompt tokens (the diagnosis below covers its first "
+            f"{scope['requests']:,}).</p>"
+        )
     return (
         "<h2>Prefix-cache hits</h2>"
         + _table(["engine", "hit tokens", "token hit rate", "mean per request"], rows)
@@ -241,8 +258,9 @@ def _losses(report: dict[str, Any]) -> str:
         + [f"{losses[e][kind]['tokens']:,} ({losses[e][kind]['share']:.1%})" for e in losses]
         for kind in kinds
     ]
+    hit_rate = report["diagnosis_scope"]["hit_rate"]  # the losses' own requests
     bars = {
-        LABELS[e]: [("hit", report["engines"][e]["hit_rate"])]
+        LABELS[e]: [("hit", hit_rate[e])]
         + [(kind.replace("_", " "), losses[e][kind]["share"]) for kind in kinds]
         for e in losses
     }
