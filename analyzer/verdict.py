@@ -40,6 +40,7 @@ class Verdict:
 
 
 def _biggest_cause(report: dict[str, Any]) -> str:
+    """The largest avoidable cause over the engines, its share over the diagnosed requests."""
     losses = report.get("losses") or {}
     found = [
         (entry["tokens"], cause, engine)
@@ -47,30 +48,27 @@ def _biggest_cause(report: dict[str, Any]) -> str:
         for cause, entry in causes.items()
         if cause not in UNAVOIDABLE
     ]
-    prompt = report["prompt_tokens"] or 1
+    scope = report.get("diagnosis_scope") or {}
+    over = "" if scope.get("whole_log", True) else " of the diagnosed sample"
     if not found or max(found)[0] == 0:
         unavoidable = max(
-            (
-                sum(causes[c]["tokens"] for c in UNAVOIDABLE if c in causes)
-                for causes in losses.values()
-            ),
-            default=0,
+            (sum(c[name]["share"] for name in UNAVOIDABLE if name in c) for c in losses.values()),
+            default=0.0,
         )
         return (
             "nothing avoidable: every recomputed token is new to the log or a request's last "
-            f"({unavoidable / prompt:.1%} of prompt tokens)"
+            f"({unavoidable:.1%} of prompt tokens{over})"
         )
-    tokens, cause, _ = max(found)
-    engines = [
-        LABELS.get(e, e) for e, causes in losses.items() if causes[cause]["tokens"] == tokens
-    ]
+    tokens, cause, engine = max(found)
+    share = losses[engine][cause]["share"]
+    engines = [LABELS.get(e, e) for e, c in losses.items() if c[cause]["tokens"] == tokens]
     others = {
-        LABELS.get(e, e): causes[cause]["tokens"]
+        LABELS.get(e, e): causes[cause]["share"]
         for e, causes in losses.items()
         if causes[cause]["tokens"] != tokens
     }
-    also = "".join(f"; {name} {n / prompt:.1%}" for name, n in others.items())
+    also = "".join(f"; {name} {n:.1%}" for name, n in others.items())
     return (
-        f"{cause.replace('_', ' ')}: {tokens:,} tokens, {tokens / prompt:.1%} of prompt tokens "
+        f"{cause.replace('_', ' ')}: {tokens:,} tokens, {share:.1%} of prompt tokens{over} "
         f"recomputed ({' and '.join(engines)}{also})"
     )

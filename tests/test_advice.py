@@ -97,3 +97,20 @@ def test_padding_is_only_advised_where_the_replay_gains(unbounded: dict) -> None
     for prefix in measured:
         if prefix["padding_saves"] <= 0:
             assert prefix["tokens"] not in padded
+
+
+def test_markdown_pads_only_where_the_replay_gains_and_says_why(unbounded: dict) -> None:
+    from cli.outputs import markdown
+
+    text = markdown(unbounded)
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    leads: dict[int, dict] = {}
+    for prefix in unbounded["shared_prefixes"]:
+        leads.setdefault(prefix["template"], prefix)
+    assert len(rows) == len(leads)  # one row per template
+    for row, prefix in zip(rows, leads.values(), strict=True):
+        pad = row.rstrip(" |").rsplit("|", 1)[-1].strip()
+        gains = (prefix["padding_saves"] or 0) > 0
+        assert pad == (f"+{prefix['padding']}" if gains else "-" if prefix["padding"] else "0")
+    for item in unbounded["recommendations"]:
+        assert f"*why: {item['why']}*" in text

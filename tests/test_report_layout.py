@@ -80,3 +80,20 @@ def test_padding_shown_only_where_the_replay_gains(shown: tuple[list[str], dict]
         gains = (prefix["padding_saves"] or 0) > 0
         assert pad == (f"+{prefix['padding']}" if gains else "-" if prefix["padding"] else "0")
     assert any((p["padding_saves"] or 0) <= 0 < p["padding"] for p in leads.values())
+
+
+def test_the_verdicts_cause_is_over_the_diagnosed_sample(shown: tuple[list[str], dict]) -> None:
+    """Streamed, the shares are over the diagnosed requests, and the verdict says so."""
+    from analyzer.verdict import Verdict
+
+    _, report = shown
+    sampled = {**report, "diagnosis_scope": {**report["diagnosis_scope"], "whole_log": False}}
+    tokens, share, cause = max(
+        (entry["tokens"], entry["share"], cause)
+        for causes in report["losses"].values()
+        for cause, entry in causes.items()
+        if cause not in ("never_seen", "last_token")
+    )
+    head = f"{cause.replace('_', ' ')}: {tokens:,} tokens, {share:.1%} of prompt tokens"
+    assert Verdict.of(report).biggest_cause.startswith(f"{head} recomputed")
+    assert Verdict.of(sampled).biggest_cause.startswith(f"{head} of the diagnosed sample")
