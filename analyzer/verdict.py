@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.diagnose.recommend import MIN_GAIN_SHARE
+
 LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
+NO_FIX = f"none: no fix replayed saves {MIN_GAIN_SHARE:.1%} of the prompt tokens on either engine"
 # Causes no fix of the log or the engine removes: new tokens, and the token computed for logits.
 UNAVOIDABLE = ("never_seen", "last_token")
 
@@ -16,7 +19,7 @@ UNAVOIDABLE = ("never_seen", "last_token")
 class Verdict:
     hit_rates: str  # "vLLM 77.6% · SGLang 81.1% of prompt tokens hit (ceiling 82.8%)"
     biggest_cause: str  # "dynamic content: 5.0% of prompt tokens recomputed (vLLM)"
-    best_fix: str | None  # the top recommendation's summary
+    best_fix: str  # the top recommendation's summary, or NO_FIX
     best_fix_why: str | None
 
     @classmethod
@@ -34,7 +37,7 @@ class Verdict:
         return cls(
             hit_rates=hit_rates,
             biggest_cause=_biggest_cause(report),
-            best_fix=best["summary"] if best else None,
+            best_fix=best["summary"] if best else NO_FIX,
             best_fix_why=best.get("why") if best else None,
         )
 

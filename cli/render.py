@@ -61,7 +61,7 @@ def _verdict(verdict: Verdict) -> Panel:
     lines = [
         Text.assemble(("hits  ", "bold"), verdict.hit_rates),
         Text.assemble(("cause ", "bold"), verdict.biggest_cause),
-        Text.assemble(("fix   ", "bold"), verdict.best_fix or "none measured worth making"),
+        Text.assemble(("fix   ", "bold"), verdict.best_fix),
     ]
     if verdict.best_fix_why:
         lines.append(Text(f"      why: {verdict.best_fix_why}", style="dim"))

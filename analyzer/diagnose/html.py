@@ -166,7 +166,7 @@ def _verdict(report: dict[str, Any], gates: Sequence[GateResult]) -> str:
         "<div class='verdict'><h2 style='margin-top:0.3em'>Verdict</h2>"
         f"<p><b>hits</b> {escape(verdict.hit_rates)}</p>"
         f"<p><b>cause</b> {escape(verdict.biggest_cause)}</p>"
-        f"<p><b>fix</b> {escape(verdict.best_fix or 'none measured worth making')}{why}</p>"
+        f"<p><b>fix</b> {escape(verdict.best_fix)}{why}</p>"
         f"{checks}</div>"
     )
 
