@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -71,6 +72,13 @@ class ChatRenderer:
     name: str = "chatml (Qwen2.5)"
     image_placeholder: str | None = None
     default_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of what decides the rendered text besides the request: the template(s),
+        the default kwargs, the special tokens and the image placeholder."""
+        parts = [self.template, self.default_kwargs, asdict(self.special), self.image_placeholder]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 
     @cached_property
     def _compiled(self) -> dict[str, tuple[jinja2.Template, str]]:

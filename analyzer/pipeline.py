@@ -38,6 +38,7 @@ from analyzer.report import (
 from analyzer.server_compare import compare_with_server, tokenization_note
 from analyzer.snippets import snippet
 from analyzer.stream import sample_of, stream_replays
+from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
@@ -183,13 +184,14 @@ def analyze(
         ),
         notes=tokenization_note(server_comparison)
         + _notes(whole, hash_trace, options.ingest.hash_block_size)
-        + _loading_notes(loaded.answers_joined, whole)
+        + _loading_notes(loaded.answers_joined)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
             if order is not None
             else []
         )
         + ([] if sample is whole else [_streaming_note(sample, whole)]),
+        run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
             shape,
             prompt_lengths,
@@ -305,18 +307,26 @@ def _notes(tokenized: LogTable, hash_trace: bool, hash_block_size: int | None) -
     return notes
 
 
-def _loading_notes(answers_joined: int, tokenized: LogTable) -> list[str]:
-    """What the reader joined and what the token cache saved."""
+def _loading_notes(answers_joined: int) -> list[str]:
+    """What the reader joined."""
     notes = []
     if answers_joined:
         notes.append(f"{answers_joined} answer lines joined to their requests by request id.")
-    cache = tokenized.token_cache
-    if cache.error:
-        notes.append(f"Token cache not used: {cache.error}.")
-    elif cache.from_cache:
+    return notes
+
+
+def cache_notes(stats: CacheStats) -> list[str]:
+    """What the token cache did: shown on the terminal, never in the JSON (which must be the
+    same from a cold and a warm cache)."""
+    notes = []
+    if stats.damaged:
+        notes.append(f"Token cache: {stats.damaged} damaged entries discarded and tokenized again.")
+    if stats.error:
+        notes.append(f"Token cache not used: {stats.error}.")
+    elif stats.from_cache:
         notes.append(
-            f"Token cache: {cache.from_cache} distinct prompts read from disk, "
-            f"{cache.tokenized} tokenized."
+            f"Token cache: {stats.from_cache} distinct texts read from disk, "
+            f"{stats.tokenized} tokenized."
         )
     return notes
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 
+from analyzer.errors import SkipLog
 from analyzer.ingest import ChunkedIngest
 from analyzer.per_model import merged_results, model_labels
 from analyzer.progress import Progress
@@ -88,7 +89,7 @@ def stream_replays(
     vllm, sglang, page1, ideal = (_concatenated(parts) for parts in results)
     table = LogTable(
         requests=pl.concat([t.requests for t in tables], how="vertical_relaxed"),
-        skips=[skip for t in tables for skip in t.skips],
+        skips=sum((t.skips for t in tables), SkipLog()),
         namespace_labels=reader.state.labels(),
         from_text=any(t.from_text for t in tables),
         assumed_stop_finish=sum(t.assumed_stop_finish for t in tables),
