@@ -22,11 +22,10 @@ from typing import Any
 
 import jinja2
 from jinja2 import nodes
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from analyzer.errors import BadLine, PrefixcheckError
 from analyzer.records import Message
+from analyzer.sandbox import BoundedSandbox, render_bounded
 from analyzer.templates import BUILTIN_TEMPLATES, builtin_template
 from analyzer.tokenizer import SpecialTokens
 
@@ -82,12 +81,17 @@ class ChatRenderer:
 
     @cached_property
     def _compiled(self) -> dict[str, tuple[jinja2.Template, str]]:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-        )
-        env.filters["tojson"] = _tojson
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+        env.add_filter("tojson", _tojson)
         env.globals["raise_exception"] = _raise_exception
         sources = self.template if isinstance(self.template, dict) else {"default": self.template}
+        if not isinstance(sources, dict) or not all(
+            isinstance(name, str) and isinstance(source, str) for name, source in sources.items()
+        ):
+            raise PrefixcheckError(
+                f"chat template {self.name!r} is not a string (nor named strings), but "
+                f"{type(self.template).__name__}"
+            )
         try:
             return {
                 name: (env.from_string(source), content_format(env.parse(source)))
@@ -95,6 +99,16 @@ class ChatRenderer:
             }
         except jinja2.TemplateError as exc:
             raise PrefixcheckError(f"chat template {self.name!r} does not compile: {exc}") from None
+        except (RecursionError, MemoryError, ValueError, TypeError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            message = f"chat template {self.name!r} does not compile: {reason}"
+            raise PrefixcheckError(message) from None
+
+    def check(self) -> ChatRenderer:
+        """The renderer, its template compiled (a template that does not compile is an error of
+        the run, found before any request)."""
+        self._compiled  # noqa: B018
+        return self
 
     def render(
         self,
@@ -112,14 +126,18 @@ class ChatRenderer:
         when = FALLBACK_DATE if arrival_s is None else datetime.fromtimestamp(arrival_s, UTC)
         extra = {**self.default_kwargs, **(kwargs or {})}
         try:
-            return template.render(
-                **{k: v for k, v in extra.items() if k not in RESERVED},
-                messages=_normalize(messages, form, self.image_placeholder, self.name),
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.special.bos_token or "",
-                eos_token=self.special.eos_token or "",
-                strftime_now=when.strftime,
+            variables = {k: v for k, v in extra.items() if k not in RESERVED}
+            return render_bounded(
+                template,
+                variables
+                | {
+                    "messages": _normalize(messages, form, self.image_placeholder, self.name),
+                    "tools": tools,
+                    "add_generation_prompt": add_generation_prompt,
+                    "bos_token": self.special.bos_token or "",
+                    "eos_token": self.special.eos_token or "",
+                    "strftime_now": when.strftime,
+                },
             )
         except BadLine:
             raise
@@ -211,6 +229,18 @@ def _parse_arguments(call: Any) -> Any:
 
 
 def chat_renderer(
+    template: str | dict[str, str] | None,
+    special: SpecialTokens,
+    *,
+    choice: str | None = None,
+    default_kwargs: dict[str, Any] | None = None,
+) -> ChatRenderer:
+    """The renderer for ``--chat-template`` (see ``_chosen_renderer``), its template compiled:
+    one that does not compile, or is not a string, is an error before any request."""
+    return _chosen_renderer(template, special, choice=choice, default_kwargs=default_kwargs).check()
+
+
+def _chosen_renderer(
     template: str | dict[str, str] | None,
     special: SpecialTokens,
     *,
