@@ -234,9 +234,21 @@ def load_tokenizer(spec: str | None, *, fast: bool = True) -> Tokenizer:
         if not tokenizer_json.is_file():
             raise PrefixcheckError(f"{path}: no tokenizer.json in this folder")
         return _from_files(tokenizer_json, path / "tokenizer_config.json", str(path), fast)
-    if not _HUB_ID.fullmatch(spec):
+    if not _HUB_ID.fullmatch(spec) or _looks_local(spec):
         raise PrefixcheckError(f"{spec}: no such tokenizer file or folder")
     return _from_hub(spec, fast)
+
+
+def _looks_local(spec: str) -> bool:
+    """A name that is meant as a local path, which must not go to the hub when it is missing:
+    a file name (``tokenizer.json``), more than one folder, or a first folder that exists here
+    (``models/qwen`` beside a ``models`` folder)."""
+    path = Path(spec)
+    return (
+        path.suffix.lower() in {".json", ".model", ".tiktoken", ".txt"}
+        or len(path.parts) > 2
+        or (len(path.parts) == 2 and Path(path.parts[0]).is_dir())
+    )
 
 
 def tiktoken_tokenizer(encoding: str) -> TiktokenTokenizer:

@@ -81,11 +81,11 @@ def _root(
     ] = None,
 ) -> None:
     """prefixcheck: prefix-cache hit rates of your prompt logs, as the engines count them."""
-    path = config or find_config(Path.cwd())
-    if path is None:
-        return
     assert isinstance(ctx.command, typer.core.TyperGroup)
     try:
+        path = config or find_config(Path.cwd())
+        if path is None:
+            return
         ctx.default_map = default_map(path, ctx.command.commands)
     except PrefixcheckError as exc:
         fail(Console(stderr=True), str(exc))

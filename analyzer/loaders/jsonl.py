@@ -30,3 +30,15 @@ def json_object(raw: bytes, file: str, line: int) -> dict[str, Any] | Skip:
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(obj):
         return Skip(file, line, deep)
     return obj
+
+
+def bounded_json(text: str | bytes) -> Any:
+    """JSON that nests at most MAX_JSON_DEPTH levels; a ValueError says why not (Python's own
+    parser raises RecursionError on deep input, which no caller expects)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if isinstance(value, dict | list) and too_deep(value):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
