@@ -12,9 +12,6 @@ from analyzer.errors import PrefixcheckError
 
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
-EXIT_INTERNAL_ERROR = 70  # a bug: sysexits' EX_SOFTWARE, apart from the gate and input codes
-EXIT_INTERRUPTED = 130  # 128 + SIGINT
-EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 def fail(errors: Console, message: str) -> NoReturn:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
 import json
-import os
-import signal
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -25,14 +20,7 @@ from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS, AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
 from analyzer.report import report_schema
 from cache_models.config import SGLANG_EVICTION_POLICIES, TimeModel
-from cli.common import (
-    EXIT_GATE_FAILED,
-    EXIT_INTERNAL_ERROR,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    fail,
-    write_text,
-)
+from cli.common import EXIT_GATE_FAILED, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.export_trace import export_trace_command
@@ -294,57 +282,8 @@ def analyze_command(
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
-class _Interrupted(BaseException):
-    """Ctrl-C or SIGTERM, raised past click (which would turn a KeyboardInterrupt into
-    "Aborted!")."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
-    raise _Interrupted(signum)
-
-
 def main() -> None:
-    """Console-script entry point. Ctrl-C (exit 130) and SIGTERM (exit 143) end the run with
-    one line, the forked workers with it; an error no check anticipated (a bug) prints one line
-    and a hint to report it, and exits 70; neither prints a traceback."""
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        app()
-    except (KeyboardInterrupt, _Interrupted) as exc:
-        terminated = isinstance(exc, _Interrupted) and exc.signum == signal.SIGTERM
-        _leave("terminated" if terminated else "interrupted", exc)
-    except Exception as exc:  # typer re-raises what click did not handle
-        _leave("internal error", exc)
+    """The console script (see cli.entry, which installs the signal handlers first)."""
+    from cli.entry import main as entry
 
-
-def _leave(what: str, exc: BaseException) -> NoReturn:
-    """One line on standard error, then exit at once: threads still in a kernel are not
-    waited for, and the forked workers were ended on the way out."""
-    if what == "internal error":
-        detail = str(exc).splitlines()[0][:300] if str(exc) else ""
-        message = (
-            f"prefixcheck: internal error: {type(exc).__name__}: {detail} (a bug in prefixcheck "
-            f"{_version()}: please report it with the command line that gave it)"
-        )
-        code = EXIT_INTERNAL_ERROR
-    else:
-        message = f"prefixcheck: {what}"
-        code = EXIT_TERMINATED if what == "terminated" else EXIT_INTERRUPTED
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-    with contextlib.suppress(Exception):
-        print(message, file=sys.stderr, flush=True)
-    os._exit(code)
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("prefixcheck")
-    except importlib.metadata.PackageNotFoundError:
-        return "(unknown version)"
+    entry()

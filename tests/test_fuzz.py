@@ -22,7 +22,7 @@ from analyzer.tokenizer import load_tokenizer
 from analyzer.workload import build_workload
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=40,
     derandomize=True,
     deadline=None,
     database=None,

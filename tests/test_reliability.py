@@ -287,7 +287,7 @@ def test_a_bug_is_exit_70_with_one_line(tmp_path: Path) -> None:
         "import sys, analyzer.pipeline as p\n"
         "def boom(*a, **k): raise ZeroDivisionError('planted')\n"
         "p.diagnose_log = boom\n"
-        "from cli.main import main\n"
+        "from cli.entry import main\n"
         f"sys.argv = ['prefixcheck', 'analyze', {str(log)!r}, '--quiet']\n"
         "main()\n"
     )
