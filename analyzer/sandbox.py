@@ -17,7 +17,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jinja2
@@ -105,8 +105,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     code_generator_class = _BoundedCodeGenerator
     intercepted_binops = frozenset({"+", "*", "**", "%", "//", "/", "-"})
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options, extensions=[loopcontrols])
+    def __init__(self, extensions: Sequence[Any] = (), **options: Any) -> None:
+        super().__init__(**options, extensions=[loopcontrols, *extensions])
         self.globals.pop("lipsum", None)
         self.globals["range"] = _bounded_range
         self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
