@@ -353,7 +353,10 @@ def cache_notes(stats: CacheStats) -> list[str]:
     same from a cold and a warm cache)."""
     notes = []
     if stats.damaged:
-        notes.append(f"Token cache: {stats.damaged} damaged entries discarded and tokenized again.")
+        notes.append(
+            f"Token cache: damaged data found ({stats.damaged} entries or files), discarded; "
+            "those texts were tokenized again."
+        )
     if stats.error:
         notes.append(f"Token cache not used: {stats.error}.")
     elif stats.from_cache:
