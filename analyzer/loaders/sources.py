@@ -1,5 +1,6 @@
 """Input sources: files, folders, globs, named pipes and ``-`` (standard input); ``.gz`` and
-``.zst`` are read through their decompressors, ``.parquet`` and JSON-array files row by row.
+``.zst`` are read through their decompressors, ``.parquet``, ``.csv`` and JSON-array files row by
+row.
 
 Every source is opened once (a pipe cannot be read twice); lines are read with a bound on their
 size, and a truncated compressed file is an error, not a shorter log."""
@@ -7,15 +8,18 @@ size, and a truncated compressed file is an error, not a shorter log."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import glob
 import gzip
 import io
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,7 +28,7 @@ import zstandard
 from analyzer.errors import PrefixcheckError
 
 STDIN = "-"
-LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log", ".txt", ".parquet")
+LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log", ".txt", ".parquet", ".csv")
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, which some Windows tools write first
 MAX_LINE_BYTES = 64 << 20  # a longer line is a counted skip, never read into memory whole
@@ -196,6 +200,8 @@ def read_items(name: str) -> tuple[bool, Iterator[tuple[int, Any]]]:
     (a JSON-array file's items, Parquet rows) rather than raw lines (bytes, or a LongLine)."""
     if base_suffix(name) == ".parquet":
         return True, iter_rows(name)
+    if base_suffix(name) == ".csv":
+        return True, iter_csv_rows(name)
     items = _items(name)
     objects = next(items)
     assert isinstance(objects, bool)
@@ -205,12 +211,44 @@ def read_items(name: str) -> tuple[bool, Iterator[tuple[int, Any]]]:
 def _items(name: str) -> Iterator[Any]:
     with open_binary(name) as handle:
         try:
+            if base_suffix(name) != ".json":
+                yield False
+                yield from _lines(handle)
+                return
             lead = handle.peek(1 << 16)[:4096] if hasattr(handle, "peek") else b""
-            is_array = base_suffix(name) == ".json" and lead.removeprefix(BOM).lstrip()[:1] == b"["
-            yield is_array
-            yield from _json_array(name, handle) if is_array else _lines(handle)
+            if lead.removeprefix(BOM).lstrip()[:1] == b"[":
+                yield True
+                yield from _json_value(name, handle.read(MAX_JSON_ARRAY_BYTES + 1))
+                return
+            lines = _lines(handle)
+            head = list(islice(lines, 2))
+            if _one_json_value(head):
+                start = b"".join(line for _, line in head if isinstance(line, bytes))
+                yield True
+                yield from _json_value(name, start + handle.read(MAX_JSON_ARRAY_BYTES + 1))
+                return
+            yield False
+            yield from head
+            yield from lines
         except (OSError, EOFError, zstandard.ZstdError) as exc:
             raise PrefixcheckError(f"{name}: cannot decompress: {exc}") from None
+
+
+def _one_json_value(head: list[tuple[int, Any]]) -> bool:
+    """Whether a .json file is one JSON value (an array, or an API response ``{"data": [...]}``
+    printed over many lines or on one) rather than JSON lines, from its first two lines."""
+    if not head or not isinstance(head[0][1], bytes):
+        return False
+    first = head[0][1].removeprefix(BOM).strip()
+    if first[:1] == b"[" or first == b"{":  # an array, or an object printed over several lines
+        return True
+    if first[:1] != b"{" or len(head) > 1:
+        return False
+    try:
+        value = json.loads(first)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and isinstance(value.get("data"), list)
 
 
 def _lines(handle: IO[bytes]) -> Iterator[tuple[int, bytes | LongLine]]:
@@ -242,25 +280,65 @@ def iter_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, decode_json_text(row)
 
 
-def _json_array(name: str, handle: IO[bytes]) -> Iterator[tuple[int, Any]]:
-    """The items of a source that holds one JSON array (ShareGPT datasets, UI exports), read
-    whole: at most MAX_JSON_ARRAY_BYTES."""
-    data = handle.read(MAX_JSON_ARRAY_BYTES + 1)
-    if len(data) > MAX_JSON_ARRAY_BYTES:
+def iter_csv_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of a CSV export with a header line (Helicone's, Langfuse's), numbered by their
+    line in the file: empty cells are None, whole numbers ints, JSON-text fields decoded."""
+    with open_binary(name) as handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
+        reader = csv.DictReader(text)
+        try:
+            start = 2
+            for row in reader:
+                cells = {key: _csv_value(value) for key, value in row.items() if key is not None}
+                yield start, decode_json_text(cells)
+                start = reader.line_num + 1
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise PrefixcheckError(f"{name}:{reader.line_num}: not readable CSV ({exc})") from None
+
+
+def _csv_value(value: str | None) -> Any:
+    if value is None or value == "":
+        return None
+    if value.isdigit():
+        return int(value)
+    return value
+
+
+def _json_value(name: str, raw: bytes) -> Iterator[tuple[int, Any]]:
+    """The items of a source that holds one JSON array (ShareGPT datasets, UI exports), or one
+    object whose ``data`` is the array (a saved API response: Langfuse's, Helicone's), read
+    whole: at most MAX_JSON_ARRAY_BYTES. A comma before the closing bracket (Helicone's JSON
+    export writes one) is accepted."""
+    if len(raw) > MAX_JSON_ARRAY_BYTES:
         raise PrefixcheckError(
-            f"{name}: a JSON array over {MAX_JSON_ARRAY_BYTES >> 20} MiB; write it as JSON "
+            f"{name}: a JSON value over {MAX_JSON_ARRAY_BYTES >> 20} MiB; write it as JSON "
             "Lines (one object per line), which is read line by line"
         )
+    first = raw.removeprefix(BOM).lstrip()[:1]
     try:
-        items = json.loads(data.removeprefix(BOM))
+        text = raw.decode("utf-8-sig")
+        del raw
+        try:
+            items = json.loads(text)
+        except ValueError:
+            trimmed = _TRAILING_COMMA.sub("]", text)
+            if trimmed == text:
+                raise
+            items = json.loads(trimmed)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise PrefixcheckError(f"{name}: starts with '[' but is not JSON ({exc})") from None
+        raise PrefixcheckError(
+            f"{name}: starts with {first[:1]!r} but is not JSON ({exc})"
+        ) from None
     except RecursionError:
         raise PrefixcheckError(f"{name}: JSON nested too deeply to read") from None
-    del data
+    if isinstance(items, dict) and isinstance(items.get("data"), list):
+        items = items["data"]
     if not isinstance(items, list):
         raise PrefixcheckError(f"{name}: expected a JSON array of objects")
     yield from enumerate(items, 1)
+
+
+_TRAILING_COMMA = re.compile(r",\s*\]\s*$")
 
 
 def decode_json_text(row: dict[str, Any]) -> dict[str, Any]:
