@@ -13,6 +13,8 @@ import polars as pl
 from analyzer.diagnose import diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.errors import PrefixcheckError
+from analyzer.fleet import FleetOptions
+from analyzer.fleet_run import fleet_notes, run_fleet
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -58,6 +60,7 @@ class AnalyzeOptions:
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
+    fleet: FleetOptions | None = None  # --replicas: replay a fleet behind a router
 
 
 @dataclass(frozen=True)
@@ -78,15 +81,22 @@ def analyze(
     settings = options.settings
     reader = ChunkedIngest(paths, options.ingest, progress)
     chunks = reader.chunks(options.chunk_records)
-    head = _head(chunks, options.sample_tokens if settings.streamable else None)
+    streams = settings.streamable and options.fleet is None  # a fleet is routed as a whole
+    head = _head(chunks, options.sample_tokens if streams else None)
     following = next(chunks, None)
+    fleet_run = None
     if following is None:  # the whole log fits: replay and diagnose it all in memory
         ingested = reader.finished(head)
         whole = ingested.tokenized
         _check_arrivals(whole.workload, settings)
         order = arrival_order(whole.workload)
         models = model_labels(whole.requests["model"])
-        if order is None:
+        if options.fleet is not None:
+            fleet_run = run_fleet(
+                whole.workload, whole.requests, models, settings, options.fleet, order, progress
+            )
+            replays = fleet_run.fleet
+        elif order is None:
             replays = replay_by_model(whole.workload, models, settings, progress)
         else:
             replays = in_input_order(
@@ -113,12 +123,16 @@ def analyze(
 
     hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
     decoder = tokenizer if tokenizer is not None and not hash_trace else None
+    diagnose_settings, fleet_hits = settings, None
+    if fleet_run is not None:  # causes of the fleet's losses: one instance's, then routing
+        sample_replays, diagnose_settings = fleet_run.single, fleet_run.settings
+        fleet_hits = {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens}
     diagnosed = diagnose_log(
         sample.workload,
         sample_replays,
         order,
         sample.requests,
-        settings,
+        diagnose_settings,
         decoder,
         options.redact,
         options.what_if,
@@ -126,6 +140,7 @@ def analyze(
         if tokenizer
         else None,
         progress,
+        fleet_hits,
     )
     prefixes = [  # templates, not the shared heads of varying values
         prefix
@@ -189,7 +204,8 @@ def analyze(
             if order is not None
             else []
         )
-        + ([] if sample is whole else [_streaming_note(sample, whole)]),
+        + ([] if sample is whole else [_streaming_note(sample, whole)])
+        + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
         prefill_estimate=prefill_estimate(
             shape,
             prompt_lengths,
@@ -197,13 +213,21 @@ def analyze(
             distinct_tokens=int(replays.trie.length.sum()),
             capacity_tokens=settings.capacity_tokens,
         ),
+        fleet=None if fleet_run is None else fleet_run.summary,
     )
     losses = pl.DataFrame(diagnosed.per_request)
     if sample is not whole:  # per-request causes for the diagnosed sample only
         losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
+    table = _per_request(whole.requests, replays).hstack(losses)
+    if fleet_run is not None:
+        table = table.with_columns(
+            pl.Series("replica", fleet_run.placement),
+            pl.Series("single_vllm_hit", fleet_run.single.vllm.hit_tokens),
+            pl.Series("single_sglang_hit", fleet_run.single.sglang.hit_tokens),
+        )
     return Analysis(
         report=report,
-        per_request=_per_request(whole.requests, replays).hstack(losses),
+        per_request=table,
         tokenized=sample,
         replays=sample_replays,
     )

@@ -26,6 +26,14 @@ from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.export_trace import export_trace_command
+from cli.fleet_flags import (
+    ReplicaField,
+    Replicas,
+    RouterConfig,
+    RouterName,
+    SessionField,
+    fleet_options,
+)
 from cli.inputs import (
     Cache,
     ChatTemplate,
@@ -200,6 +208,11 @@ def analyze_command(
     html_path: Annotated[
         Path | None, typer.Option("--html", help="Write a self-contained HTML report (charts).")
     ] = None,
+    replicas: Replicas = None,
+    router: RouterName = "round-robin",
+    router_config: RouterConfig = None,
+    session_field: SessionField = None,
+    replica_field: ReplicaField = None,
 ) -> None:
     """Replay a prompt log through both engines' prefix caches and report the hits."""
     console = Console()
@@ -222,6 +235,7 @@ def analyze_command(
             cache=cache,
             fast_tokenizer=fast_tokenizer,
         )
+        fleet = fleet_options(replicas, router, router_config, session_field, replica_field)
     except PrefixcheckError as exc:
         fail(errors, str(exc))
     options = AnalyzeOptions(
@@ -242,6 +256,7 @@ def analyze_command(
         what_if=tuple(what_if or ()),
         model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
         sample_tokens=diagnose_tokens,
+        fleet=fleet,
     )
     try:
         limits = [LossLimit.parse(text) for text in max_loss or []]

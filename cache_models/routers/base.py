@@ -26,13 +26,15 @@ class RouteRequest:
 @dataclass
 class FleetLoad:
     """Router-side in-flight request counts per replica (incremented when a request is routed,
-    decremented when its answer is done), as the routers' own ``worker.load()`` counts them."""
+    decremented when its answer is done), as the routers' own ``worker.load()`` counts them, and
+    the prompt + output tokens those requests hold."""
 
     in_flight: np.ndarray
+    active_tokens: np.ndarray
 
     @classmethod
     def empty(cls, replicas: int) -> FleetLoad:
-        return cls(np.zeros(replicas, dtype=np.int64))
+        return cls(np.zeros(replicas, dtype=np.int64), np.zeros(replicas, dtype=np.int64))
 
 
 class Router(Protocol):

@@ -90,7 +90,7 @@ def furc_hash(key: bytes, m: int) -> int:
 
 @lru_cache(maxsize=1 << 16)
 def fbi_hash(key: str) -> int:
-    furc = furc_hash(key.encode(), (1 << 23) - 1)
+    furc = furc_hash(key.encode(errors="surrogatepass"), (1 << 23) - 1)
     return murmur_hash_64a(furc.to_bytes(4, "little"), SEED)
 
 
@@ -98,7 +98,7 @@ def hash_key(request: RouteRequest) -> str:
     if request.session:
         return f"header:x-session-id:{request.session}"
     text = "".join(map(chr, request.symbols.tolist()))
-    if len(text.encode()) > 100:
+    if len(text.encode(errors="surrogatepass")) > 100:  # token ids may fall on surrogates
         return f"request_hash:{fbi_hash(text):016x}"
     return f"request:{text}"
 

@@ -1,0 +1,209 @@
+"""Fleet replay: requests placed on replicas by a router model, each replica replaying its share
+through its own engine caches, beside one instance holding the fleet's total capacity.
+
+Routing is a pass over the requests in arrival order. Load-aware routers see the router-side
+in-flight counts: with ``--replay-in-time`` a request is in flight from its timestamp until its
+modelled finish (its whole prompt prefilled at the prefill rate, then its output at the decode
+rate); without it each request finishes before the next arrives, so they see no load.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from analyzer.per_model import merged_results, replay_by_model
+from analyzer.progress import Progress
+from analyzer.replay import Replays, ReplaySettings
+from cache_models.routers.base import FleetLoad, RouteRequest
+from cache_models.routers.registry import make_router
+from cache_models.workload import Workload
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """--replicas, --router (+ --router-config), --session-field, --replica-field."""
+
+    replicas: int
+    router: str = "round-robin"
+    router_params: dict[str, Any] = field(default_factory=dict)
+    session_field: str | None = None
+    replica_field: str | None = None  # the log's own placement instead of a router
+
+
+@dataclass(frozen=True)
+class Placement:
+    replica: np.ndarray  # per request (workload order)
+    router: str
+    source: str
+    load_model: str
+    peak_in_flight: np.ndarray  # per replica
+    decisions: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FleetReplays:
+    fleet: Replays  # per request hits on their own replica (workload order)
+    single: Replays  # one instance with the fleet's total capacity
+    placement: Placement
+
+
+def prefix_block_hashes(tokens: np.ndarray, namespace: int, block_size: int) -> np.ndarray:
+    """Chained hashes of the full blocks of a prompt (equal prefixes, equal hashes): a
+    polynomial hash over per-block digests, vectorised with uint64 wrap-around."""
+    n = len(tokens) // block_size
+    if n == 0:
+        return np.empty(0, np.uint64)
+    with np.errstate(over="ignore"):
+        body = tokens[: n * block_size].astype(np.uint64).reshape(n, block_size)
+        weights = _WEIGHTS[:block_size]
+        digest = (body * weights).sum(axis=1) + np.uint64(namespace) * _MIX + np.uint64(1)
+        inv_powers = _power(_INV_P, n)
+        powers = _power(_P, n)
+        return np.cumsum(digest * inv_powers) * powers
+
+
+_P = np.uint64(0x9E3779B97F4A7C15)
+_INV_P = np.uint64(pow(int(_P), -1, 1 << 64))
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
+_WEIGHTS = (np.arange(1, 4097, dtype=np.uint64) * np.uint64(0x94D049BB133111EB)) | np.uint64(1)
+
+
+def _power(base: np.uint64, n: int) -> np.ndarray:
+    out = np.empty(n, np.uint64)
+    value = np.uint64(1)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            out[k] = value
+            value = value * base
+    return out
+
+
+def place(
+    workload: Workload,
+    sessions: list[str | None],
+    settings: ReplaySettings,
+    options: FleetOptions,
+    log_placement: np.ndarray | None = None,
+) -> Placement:
+    """Each request's replica, routed in arrival order (the workload's order)."""
+    n = options.replicas
+    timed = settings.time_model is not None and workload.arrival_s is not None
+    load_model = (
+        f"in flight from arrival until a modelled finish (whole prompt at "
+        f"{settings.time_model.prefill_tokens_per_s:g} tokens/s, output at "
+        f"{settings.time_model.decode_tokens_per_s:g} tokens/s)"
+        if timed and settings.time_model is not None
+        else "none: without --replay-in-time each request finishes before the next, so "
+        "load-aware routers see no load"
+    )
+    if log_placement is not None:
+        return Placement(
+            log_placement,
+            "log",
+            f"--replica-field {options.replica_field}",
+            "as logged",
+            _peaks(workload, log_placement, n, settings, timed),
+        )
+    router = make_router(options.router, n, options.router_params)
+    load = FleetLoad.empty(n)
+    running: list[tuple[float, int, int, int]] = []  # (finish, request, replica, tokens)
+    chosen = np.empty(workload.n_requests, np.int64)
+    peaks = np.zeros(n, np.int64)
+    block_size = getattr(getattr(router, "config", None), "block_size", None)
+    lengths = workload.prompt_lengths
+    outputs = workload.output_lengths
+    for i in range(workload.n_requests):
+        now = float(workload.arrival_s[i]) if workload.arrival_s is not None else float(i)
+        while running and (not timed or running[0][0] <= now):
+            _, _, replica, tokens = heapq.heappop(running)
+            load.in_flight[replica] -= 1
+            load.active_tokens[replica] -= tokens
+        prompt = workload.prompt(i)
+        request = RouteRequest(
+            symbols=prompt,
+            session=sessions[i],
+            arrival_s=now,
+            prompt_tokens=int(lengths[i]),
+            blocks=prefix_block_hashes(prompt, int(workload.namespace[i]), block_size)
+            if block_size
+            else None,
+        )
+        replica = router.route(request, load)
+        chosen[i] = replica
+        tokens = int(lengths[i] + outputs[i])
+        load.in_flight[replica] += 1
+        load.active_tokens[replica] += tokens
+        peaks[replica] = max(peaks[replica], load.in_flight[replica])
+        finish = now + _service_s(settings, int(lengths[i]), int(outputs[i])) if timed else now
+        heapq.heappush(running, (finish, i, replica, tokens))
+    return Placement(
+        chosen,
+        router.name,
+        router.source,
+        load_model,
+        peaks,
+        dict(getattr(router, "decisions", {})),
+    )
+
+
+def _service_s(settings: ReplaySettings, prompt: int, output: int) -> float:
+    model = settings.time_model
+    assert model is not None
+    return prompt / model.prefill_tokens_per_s + output / model.decode_tokens_per_s
+
+
+def _peaks(
+    workload: Workload, replica: np.ndarray, n: int, settings: ReplaySettings, timed: bool
+) -> np.ndarray:
+    peaks = np.zeros(n, np.int64)
+    if not timed:
+        peaks[np.unique(replica)] = 1
+        return peaks
+    assert workload.arrival_s is not None
+    lengths, outputs = workload.prompt_lengths, workload.output_lengths
+    for r in range(n):
+        rows = np.flatnonzero(replica == r)
+        starts = workload.arrival_s[rows]
+        ends = starts + np.array(
+            [_service_s(settings, int(lengths[i]), int(outputs[i])) for i in rows]
+        )
+        events = np.concatenate(
+            [np.stack([starts, np.ones(len(rows))], 1), np.stack([ends, -np.ones(len(rows))], 1)]
+        )
+        events = events[np.lexsort((events[:, 1], events[:, 0]))]
+        peaks[r] = int(np.cumsum(events[:, 1]).max()) if len(rows) else 0
+    return peaks
+
+
+def replay_fleet(
+    workload: Workload,
+    models: np.ndarray,
+    settings: ReplaySettings,
+    placement: Placement,
+    replicas: int,
+    progress: Progress | None = None,
+) -> FleetReplays:
+    """Each replica's requests through its own caches (``settings.capacity_tokens`` each), and
+    one instance with ``replicas`` times that capacity (unbounded stays unbounded)."""
+    parts = []
+    for r in range(replicas):
+        rows = np.flatnonzero(placement.replica == r)
+        if len(rows):
+            parts.append(
+                (rows, replay_by_model(workload.select(rows), models[rows], settings, progress))
+            )
+    n = workload.n_requests
+    total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas
+    single = replay_by_model(workload, models, replace(settings, capacity_tokens=total), progress)
+    fleet = Replays(
+        vllm=merged_results([(i, p.vllm) for i, p in parts], n),
+        sglang=merged_results([(i, p.sglang) for i, p in parts], n),
+        sglang_page1=merged_results([(i, p.sglang_page1) for i, p in parts], n),
+        ideal=single.ideal,
+        trie=single.trie,
+    )
+    return FleetReplays(fleet, single, placement)
