@@ -72,14 +72,17 @@ _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _WEIGHTS = (np.arange(1, 4097, dtype=np.uint64) * np.uint64(0x94D049BB133111EB)) | np.uint64(1)
 
 
+_POWERS: dict[int, np.ndarray] = {}
+
+
 def _power(base: np.uint64, n: int) -> np.ndarray:
-    out = np.empty(n, np.uint64)
-    value = np.uint64(1)
+    """base**0 .. base**(n-1) mod 2**64 (cached, grown by doubling)."""
+    have = _POWERS.get(int(base), np.ones(1, np.uint64))
     with np.errstate(over="ignore"):
-        for k in range(n):
-            out[k] = value
-            value = value * base
-    return out
+        while len(have) < n:
+            have = np.concatenate([have, have * (have[-1] * base)])
+    _POWERS[int(base)] = have
+    return have[:n]
 
 
 def place(

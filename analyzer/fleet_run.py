@@ -4,7 +4,7 @@ and single-instance replays, and the report's fleet section."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,7 @@ from analyzer.errors import PrefixcheckError
 from analyzer.fleet import FleetOptions, FleetReplays, Placement, place, replay_fleet
 from analyzer.loaders.fields import dotted
 from analyzer.loaders.sources import iter_raw_lines
+from analyzer.per_model import replay_by_model
 from analyzer.progress import Progress
 from analyzer.replay import Replays, ReplaySettings, hit_rate, in_input_order
 from cache_models.workload import Workload
@@ -96,6 +97,7 @@ class FleetSummary:
     token_imbalance: float
     keyless_requests: int  # routed by their text: no --session-field value
     decisions: dict[str, int]
+    what_if: list[dict[str, Any]] = field(default_factory=list)  # --what-if router=/replicas=
 
     def to_dict(self) -> dict[str, Any]:
         out = self.__dict__ | {"per_replica": [r.__dict__ for r in self.per_replica]}
@@ -115,6 +117,62 @@ class FleetRun:
     settings: ReplaySettings  # the single instance's (total capacity)
 
 
+FLEET_FIXES = ("router=", "replicas=", "session-field=")
+
+
+def is_fleet_fix(text: str) -> bool:
+    return text.startswith(FLEET_FIXES)
+
+
+def fleet_fix(options: FleetOptions, text: str) -> FleetOptions:
+    """The fleet with one --what-if change (``router=NAME``, ``replicas=N``,
+    ``session-field=F``, joined with +)."""
+    for part in text.split("+"):
+        name, _, value = part.partition("=")
+        if name == "router":
+            options = replace(options, router=value, router_params={})
+        elif name == "replicas" and value.isdigit() and int(value) >= 1:
+            options = replace(options, replicas=int(value))
+        elif name == "session-field" and value:
+            options = replace(options, session_field=value)
+        else:
+            raise PrefixcheckError(f"--what-if {text!r}: cannot read {part!r}")
+    return options
+
+
+def what_if(
+    workload: Workload,
+    requests: pl.DataFrame,
+    models: np.ndarray,
+    settings: ReplaySettings,
+    options: FleetOptions,
+    text: str,
+) -> dict[str, Any]:
+    """The fleet's hit rates with one change, replayed the same way (workload in arrival order)."""
+    changed = fleet_fix(options, text)
+    try:
+        keys, _ = session_keys(requests, workload, changed.session_field, settings.block_size)
+        placement = place(workload, keys, settings, changed)
+    except ValueError as exc:
+        raise PrefixcheckError(f"--what-if {text!r}: {exc}") from None
+    lengths = workload.prompt_lengths
+    hits = dict.fromkeys(("vllm", "sglang"), 0)
+    for r in range(changed.replicas):
+        rows = np.flatnonzero(placement.replica == r)
+        if len(rows):
+            replayed = replay_by_model(workload.select(rows), models[rows], settings)
+            hits["vllm"] += replayed.vllm.total_hit_tokens
+            hits["sglang"] += replayed.sglang.total_hit_tokens
+    total = int(lengths.sum())
+    return {
+        "change": text,
+        "replicas": changed.replicas,
+        "router": placement.router,
+        "router_source": placement.source,
+        "hit_rate": {e: h / total if total else 0.0 for e, h in hits.items()},
+    }
+
+
 def run_fleet(
     workload: Workload,
     requests: pl.DataFrame,
@@ -123,6 +181,7 @@ def run_fleet(
     options: FleetOptions,
     order: np.ndarray | None,
     progress: Progress | None = None,
+    what_ifs: tuple[str, ...] = (),
 ) -> FleetRun:
     """Route and replay in arrival ``order`` (None: as given); results in input order."""
     replicas = options.replicas
@@ -133,6 +192,7 @@ def run_fleet(
     keys, keyless = session_keys(requests, workload, options.session_field, settings.block_size)
     if order is not None:
         workload, models = workload.select(order), models[order]
+        requests = requests[order]
         keys = [keys[i] for i in order]
         placed_by_log = None if placed_by_log is None else placed_by_log[order]
     placement = place(workload, keys, settings, replace(options, replicas=replicas), placed_by_log)
@@ -143,8 +203,13 @@ def run_fleet(
             in_input_order(replayed.single, order),
             replace(placement, replica=_unpermute(placement.replica, order)),
         )
+    changes = [what_if(workload, requests, models, settings, options, t) for t in what_ifs]
     lengths = requests["prompt_tokens"].to_numpy()
-    summary = _summary(replayed, lengths, replicas, settings, keyless, names)
+    if order is not None:
+        lengths = _unpermute(lengths, order)
+    summary = replace(
+        _summary(replayed, lengths, replicas, settings, keyless, names), what_if=changes
+    )
     total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas
     return FleetRun(
         replayed.fleet,

@@ -14,7 +14,7 @@ from analyzer.diagnose import diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.errors import PrefixcheckError
 from analyzer.fleet import FleetOptions
-from analyzer.fleet_run import fleet_notes, run_fleet
+from analyzer.fleet_run import fleet_notes, is_fleet_fix, run_fleet
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -93,7 +93,14 @@ def analyze(
         models = model_labels(whole.requests["model"])
         if options.fleet is not None:
             fleet_run = run_fleet(
-                whole.workload, whole.requests, models, settings, options.fleet, order, progress
+                whole.workload,
+                whole.requests,
+                models,
+                settings,
+                options.fleet,
+                order,
+                progress,
+                tuple(t for t in options.what_if if is_fleet_fix(t)),
             )
             replays = fleet_run.fleet
         elif order is None:
@@ -135,7 +142,7 @@ def analyze(
         diagnose_settings,
         decoder,
         options.redact,
-        options.what_if,
+        tuple(t for t in options.what_if if not is_fleet_fix(t)),
         PartsSource(loaded.records, tokenizer, renderer, options.ingest.cache_dir)
         if tokenizer
         else None,

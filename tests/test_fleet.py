@@ -224,3 +224,27 @@ def test_bad_router_flags_exit_2(tmp_path: Path) -> None:
             app, ["analyze", str(log), "--format", "tokens", "--replicas", "2", *args]
         )
         assert result.exit_code == 2, result.output
+
+
+def test_fleet_what_ifs(tmp_path: Path) -> None:
+    """--what-if router=/replicas=/session-field= replays the fleet changed: one replica is the
+    single instance; hashing on the user keeps sessions whole and beats round-robin here."""
+    log = conversations(tmp_path / "log.jsonl")
+    report, _ = analyze(
+        tmp_path,
+        log,
+        "--replicas",
+        "4",
+        "--what-if",
+        "replicas=1",
+        "--what-if",
+        "router=hash+session-field=user",
+        "--what-if",
+        "no-salt",
+    )
+    fleet = report["fleet"]
+    one, hashed = fleet["what_if"]
+    assert one["hit_rate"]["vllm"] == fleet["single_instance_hit_rate"]["vllm"]
+    assert hashed["router"] == "consistent-hash"
+    assert hashed["hit_rate"]["sglang"] > fleet["hit_rate"]["sglang"]
+    assert [w["name"] for w in report["what_if"]] == ["no-salt"]

@@ -47,13 +47,25 @@ class DynamoKv:
         self.routed = 0
 
     def overlap(self, worker: int, blocks: np.ndarray, now: float) -> int:
-        """Leading blocks of the request the router believes ``worker`` still holds."""
+        """Leading blocks of the request the router believes ``worker`` still holds.
+
+        A block is predicted with all the blocks before it, and a later prediction renews them
+        all, so expiries never rise along a chain: the held blocks are a prefix (binary search).
+        """
         held = self.blocks[worker]
-        for k, block in enumerate(blocks.tolist()):
-            expiry = held.get(block)
-            if expiry is None or expiry <= now:
-                return k
-        return len(blocks)
+
+        def live(k: int) -> bool:
+            expiry = held.get(int(blocks[k]))
+            return expiry is not None and expiry > now
+
+        lo, hi = 0, len(blocks)  # blocks[:lo] live; blocks[hi:] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if live(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def costs(self, request: RouteRequest, load: FleetLoad) -> np.ndarray:
         c = self.config
@@ -76,9 +88,7 @@ class DynamoKv:
         chosen = int(best[0] if len(best) == 1 else best[self.rng.integers(len(best))])
         if request.blocks is not None:
             expiry = request.arrival_s + self.config.router_ttl_secs
-            held = self.blocks[chosen]
-            for block in request.blocks.tolist():
-                held[block] = expiry
+            self.blocks[chosen].update(dict.fromkeys(request.blocks.tolist(), expiry))
         self.routed += 1
         if self.routed % 4096 == 0:  # drop expired predictions (the TTL sweep)
             now = request.arrival_s
