@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.per_model import merged_results, replay_by_model
+from analyzer.pool import CacheKey, Routes
 from analyzer.progress import Progress
-from analyzer.replay import Replays, ReplaySettings
+from analyzer.replay import Replays, ReplaySettings, replay_all
 from cache_models.routers.base import FleetLoad, RouteRequest
 from cache_models.routers.registry import make_router
 from cache_models.workload import Workload
@@ -182,6 +182,24 @@ def _peaks(
     return peaks
 
 
+class Placed:
+    """The replay pool's router for a placement: request i goes to the caches of
+    ``CacheKey(model, replica[i])``."""
+
+    def __init__(self, replica: np.ndarray) -> None:
+        self.replica = replica
+
+    def route(self, workload: Workload, models: np.ndarray | None) -> Routes:
+        names = models if models is not None else np.full(workload.n_requests, "")
+        labels = np.array([f"{m}\x00{r}" for m, r in zip(names, self.replica, strict=True)])
+
+        def key(label: str) -> CacheKey:
+            model, _, replica = label.partition("\x00")
+            return CacheKey(model, int(replica)) if model else CacheKey(replica=int(replica))
+
+        return Routes.of_labels(labels, key)
+
+
 def replay_fleet(
     workload: Workload,
     models: np.ndarray,
@@ -190,23 +208,10 @@ def replay_fleet(
     replicas: int,
     progress: Progress | None = None,
 ) -> FleetReplays:
-    """Each replica's requests through its own caches (``settings.capacity_tokens`` each), and
-    one instance with ``replicas`` times that capacity (unbounded stays unbounded)."""
-    parts = []
-    for r in range(replicas):
-        rows = np.flatnonzero(placement.replica == r)
-        if len(rows):
-            parts.append(
-                (rows, replay_by_model(workload.select(rows), models[rows], settings, progress))
-            )
-    n = workload.n_requests
+    """Each replica's requests through its own caches (``settings.capacity_tokens`` each): the
+    replay pool keyed by (model, replica); and one instance with ``replicas`` times that capacity
+    (unbounded stays unbounded)."""
+    fleet = replay_all(workload, settings, progress, models, Placed(placement.replica))
     total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas
-    single = replay_by_model(workload, models, replace(settings, capacity_tokens=total), progress)
-    fleet = Replays(
-        vllm=merged_results([(i, p.vllm) for i, p in parts], n),
-        sglang=merged_results([(i, p.sglang) for i, p in parts], n),
-        sglang_page1=merged_results([(i, p.sglang_page1) for i, p in parts], n),
-        ideal=single.ideal,
-        trie=single.trie,
-    )
+    single = replay_all(workload, replace(settings, capacity_tokens=total), progress, models)
     return FleetReplays(fleet, single, placement)

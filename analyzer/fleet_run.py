@@ -11,12 +11,22 @@ import numpy as np
 import polars as pl
 
 from analyzer.errors import PrefixcheckError
-from analyzer.fleet import FleetOptions, FleetReplays, Placement, place, replay_fleet
+from analyzer.fleet import FleetOptions, FleetReplays, Placed, Placement, place, replay_fleet
 from analyzer.loaders.fields import dotted
 from analyzer.loaders.sources import iter_raw_lines
-from analyzer.per_model import replay_by_model
+from analyzer.pool import model_labels
 from analyzer.progress import Progress
-from analyzer.replay import Replays, ReplaySettings, hit_rate, in_input_order
+from analyzer.replay import (
+    Replayed,
+    Replays,
+    ReplaySettings,
+    arrival_order,
+    check_arrivals,
+    in_input_order,
+    replay_all,
+)
+from analyzer.shares import hit_rate
+from analyzer.workload import TokenizedLog
 from cache_models.workload import Workload
 
 FIRST_BLOCK = "first-block"  # --session-field: the hash of the prompt's first block
@@ -110,7 +120,7 @@ class FleetSummary:
 
 @dataclass(frozen=True)
 class FleetRun:
-    fleet: Replays  # input order
+    replayed: Replayed  # the fleet's (input order), as the replay step gives it
     single: Replays  # input order
     placement: np.ndarray  # input order
     summary: FleetSummary
@@ -156,13 +166,8 @@ def what_if(
     except ValueError as exc:
         raise PrefixcheckError(f"--what-if {text!r}: {exc}") from None
     lengths = workload.prompt_lengths
-    hits = dict.fromkeys(("vllm", "sglang"), 0)
-    for r in range(changed.replicas):
-        rows = np.flatnonzero(placement.replica == r)
-        if len(rows):
-            replayed = replay_by_model(workload.select(rows), models[rows], settings)
-            hits["vllm"] += replayed.vllm.total_hit_tokens
-            hits["sglang"] += replayed.sglang.total_hit_tokens
+    replayed = replay_all(workload, settings, None, models, Placed(placement.replica))
+    hits = {"vllm": replayed.vllm.total_hit_tokens, "sglang": replayed.sglang.total_hit_tokens}
     total = int(lengths.sum())
     return {
         "change": text,
@@ -174,16 +179,17 @@ def what_if(
 
 
 def run_fleet(
-    workload: Workload,
-    requests: pl.DataFrame,
-    models: np.ndarray,
+    log: TokenizedLog,
     settings: ReplaySettings,
     options: FleetOptions,
-    order: np.ndarray | None,
     progress: Progress | None = None,
     what_ifs: tuple[str, ...] = (),
 ) -> FleetRun:
-    """Route and replay in arrival ``order`` (None: as given); results in input order."""
+    """Route and replay the whole log in arrival order; results in input order."""
+    workload, requests = log.workload, log.requests
+    check_arrivals(workload, settings)
+    order = arrival_order(workload)
+    models = model_labels(requests["model"])
     replicas = options.replicas
     placed_by_log = names = None
     if options.replica_field is not None:
@@ -212,7 +218,7 @@ def run_fleet(
     )
     total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas
     return FleetRun(
-        replayed.fleet,
+        Replayed(log, replayed.fleet, order, log, replayed.fleet),
         replayed.single,
         replayed.placement.replica,
         summary,

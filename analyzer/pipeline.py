@@ -1,49 +1,41 @@
-"""The analyze pipeline: load -> render -> tokenize -> workload -> replay -> diagnose -> report."""
+"""The analyze pipeline in four named steps: read (load, render, tokenize), replay (every request
+through the pool of caches), diagnose, report."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from analyzer.diagnose import diagnose_log
+from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
-from analyzer.errors import PrefixcheckError
 from analyzer.fleet import FleetOptions
-from analyzer.fleet_run import fleet_notes, is_fleet_fix, run_fleet
-from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
+from analyzer.fleet_run import FleetRun, fleet_notes, is_fleet_fix, run_fleet
+from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
-from analyzer.per_model import model_labels, model_summaries, replay_by_model
+from analyzer.pool import model_labels
 from analyzer.prefixes import TEMPLATE_MIN_TOKENS, SharedPrefix, shared_prefixes
 from analyzer.progress import NoProgress, Progress
-from analyzer.replay import (
-    Replays,
-    ReplaySettings,
-    arrival_order,
-    hit_rate,
-    in_input_order,
-    mean_request_hit_rate,
-)
+from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log
 from analyzer.report import (
     DiagnosisScope,
     EngineSummary,
+    ModelSummary,
     PrefixSummary,
     Report,
     SkipSummary,
 )
 from analyzer.server_compare import compare_with_server, tokenization_note
+from analyzer.shares import hit_rate, mean_request_hit_rate
 from analyzer.snippets import snippet
-from analyzer.stream import sample_of, stream_replays
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
-from cache_models.workload import Workload
 
 DEFAULT_SAMPLE_TOKENS = 32_000_000
 
@@ -76,79 +68,98 @@ class Analysis:
 def analyze(
     paths: list[Path], options: AnalyzeOptions, progress: Progress | None = None
 ) -> Analysis:
+    """Read the log, replay it, diagnose it (its leading sample when streamed), report."""
     progress = progress or NoProgress()
-    shape = preset(options.model_preset)
-    settings = options.settings
+    log = read(paths, options, progress)
+    if options.fleet is not None:  # a fleet is routed and replayed as a whole
+        fleet_run = run_fleet(
+            log.sample.tokenized,
+            options.settings,
+            options.fleet,
+            progress,
+            tuple(t for t in options.what_if if is_fleet_fix(t)),
+        )
+        replayed = fleet_run.replayed
+    else:
+        fleet_run = None
+        replayed = replay_log(
+            log.sample.tokenized, log.rest, options.settings, progress, namespace_labels=log.labels
+        )
+    diagnosed = diagnose(log, replayed, options, progress, fleet_run)
+    return report(log, replayed, diagnosed, options, fleet_run)
+
+
+@dataclass
+class ReadLog:
+    """The log as read: its leading sample in memory (the whole log when it fits), then the
+    chunks after it, to stream (none when it fits)."""
+
+    reader: ChunkedIngest
+    sample: Ingested
+    rest: Iterator[TokenizedLog]
+
+    def labels(self) -> list[str]:
+        """Namespace labels of everything read so far (the whole log once streamed)."""
+        return self.reader.state.labels()
+
+
+def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> ReadLog:
+    """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
+    sequential reads the whole log); the rest is read as the replay streams it."""
     reader = ChunkedIngest(paths, options.ingest, progress)
     chunks = reader.chunks(options.chunk_records)
-    streams = settings.streamable and options.fleet is None  # a fleet is routed as a whole
+    streams = options.settings.sequential and options.fleet is None
     head = _head(chunks, options.sample_tokens if streams else None)
-    following = next(chunks, None)
-    fleet_run = None
-    if following is None:  # the whole log fits: replay and diagnose it all in memory
-        ingested = reader.finished(head)
-        whole = ingested.tokenized
-        _check_arrivals(whole.workload, settings)
-        order = arrival_order(whole.workload)
-        models = model_labels(whole.requests["model"])
-        if options.fleet is not None:
-            fleet_run = run_fleet(
-                whole.workload,
-                whole.requests,
-                models,
-                settings,
-                options.fleet,
-                order,
-                progress,
-                tuple(t for t in options.what_if if is_fleet_fix(t)),
-            )
-            replays = fleet_run.fleet
-        elif order is None:
-            replays = replay_by_model(whole.workload, models, settings, progress)
-        else:
-            replays = in_input_order(
-                replay_by_model(whole.workload.select(order), models[order], settings, progress),
-                order,
-            )
-        sample, sample_replays = whole, replays
-    else:  # stream the rest through the engines; diagnose the leading sample
-        ingested = reader.finished(head)
-        sample = ingested.tokenized
-        del head  # the sample holds their requests now
-        streamed = stream_replays(
-            chain([sample, following.tokenized], (c.tokenized for c in chunks)),
-            reader,
-            settings,
-            progress,
-        )
-        whole, replays = streamed.log, streamed.replays
-        order = None
-        sample_replays = sample_of(replays, sample.workload)
-    loaded, tokenizer, renderer = reader.loaded, reader.tokenizer, ingested.renderer
-    prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
-    server_comparison = compare_with_server(whole.requests, replays, settings.block_size)
+    sample = reader.finished(head)
+    return ReadLog(reader, sample, (chunk.tokenized for chunk in chunks))
 
-    hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
-    decoder = tokenizer if tokenizer is not None and not hash_trace else None
-    diagnose_settings, fleet_hits = settings, None
-    if fleet_run is not None:  # causes of the fleet's losses: one instance's, then routing
-        sample_replays, diagnose_settings = fleet_run.single, fleet_run.settings
-        fleet_hits = {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens}
-    diagnosed = diagnose_log(
-        sample.workload,
+
+def diagnose(
+    log: ReadLog,
+    replayed: Replayed,
+    options: AnalyzeOptions,
+    progress: Progress,
+    fleet_run: FleetRun | None = None,
+) -> DiagnoseResult:
+    """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log;
+    for a fleet, of one instance with its total capacity, then the routing cause."""
+    tokenizer, loaded = log.reader.tokenizer, log.reader.loaded
+    sample_replays, settings, fleet_hits = replayed.sample_replays, options.settings, None
+    if fleet_run is not None:
+        sample_replays, settings = fleet_run.single, fleet_run.settings
+        fleet = replayed.replays
+        fleet_hits = {"vllm": fleet.vllm.hit_tokens, "sglang": fleet.sglang.hit_tokens}
+    return diagnose_log(
+        replayed.sample.workload,
         sample_replays,
-        order,
-        sample.requests,
-        diagnose_settings,
-        decoder,
+        replayed.order,
+        replayed.sample.requests,
+        settings,
+        _decoder(log),
         options.redact,
         tuple(t for t in options.what_if if not is_fleet_fix(t)),
-        PartsSource(loaded.records, tokenizer, renderer, options.ingest.cache_dir)
+        PartsSource(loaded.records, tokenizer, log.sample.renderer, options.ingest.cache_dir)
         if tokenizer
         else None,
         progress,
         fleet_hits,
     )
+
+
+def report(
+    log: ReadLog,
+    replayed: Replayed,
+    diagnosed: DiagnoseResult,
+    options: AnalyzeOptions,
+    fleet_run: FleetRun | None = None,
+) -> Analysis:
+    """The report and the per-request table."""
+    settings = options.settings
+    whole, replays, sample = replayed.log, replayed.replays, replayed.sample
+    loaded, tokenizer, renderer = log.reader.loaded, log.reader.tokenizer, log.sample.renderer
+    decoder = _decoder(log)
+    prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
+    server_comparison = compare_with_server(whole.requests, replays, settings.block_size)
     prefixes = [  # templates, not the shared heads of varying values
         prefix
         for prefix in shared_prefixes(
@@ -157,11 +168,10 @@ def analyze(
         if not diagnosed.values.ends_inside(prefix.tokens)
     ][: options.top_prefixes]
     block_size = settings.block_size
-    models = model_labels(whole.requests["model"])
     report = Report(
         inputs=loaded.formats,
         tokenizer=tokenizer.description if tokenizer else None,
-        chat_template=renderer.name if _has_chats(loaded) else None,
+        chat_template=renderer.description if _has_chats(loaded) else None,
         replay_mode=settings.mode,
         requests=whole.requests.height,
         prompt_tokens=int(prompt_lengths.sum()),
@@ -189,7 +199,7 @@ def analyze(
         ),
         alignment_loss_tokens=replays.sglang_page1.total_hit_tokens - replays.vllm.total_hit_tokens,
         block_size=block_size,
-        models=model_summaries(models, prompt_lengths, replays),
+        models=_model_summaries(model_labels(whole.requests["model"]), prompt_lengths, replays),
         server_comparison=server_comparison,
         shared_prefixes=[
             _prefix_summary(prefix, block_size, decoder, options.redact, whole)
@@ -200,21 +210,21 @@ def analyze(
         diagnosis_scope=DiagnosisScope(
             requests=sample.workload.n_requests,
             prompt_tokens=int(sample.workload.prompt_offsets[-1]),
-            ceiling_hit_tokens=sample_replays.ideal.total_hit_tokens,
-            whole_log=sample is whole,
+            ceiling_hit_tokens=replayed.sample_replays.ideal.total_hit_tokens,
+            whole_log=not replayed.streamed,
         ),
         notes=tokenization_note(server_comparison)
-        + _notes(whole, hash_trace, options.ingest.hash_block_size)
+        + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined, whole)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
-            if order is not None
+            if replayed.order is not None
             else []
         )
-        + ([] if sample is whole else [_streaming_note(sample, whole)])
+        + ([_streaming_note(sample, whole)] if replayed.streamed else [])
         + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
         prefill_estimate=prefill_estimate(
-            shape,
+            preset(options.model_preset),
             prompt_lengths,
             {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens},
             distinct_tokens=int(replays.trie.length.sum()),
@@ -223,20 +233,13 @@ def analyze(
         fleet=None if fleet_run is None else fleet_run.summary,
     )
     losses = pl.DataFrame(diagnosed.per_request)
-    if sample is not whole:  # per-request causes for the diagnosed sample only
+    if replayed.streamed:  # per-request causes for the diagnosed sample only
         losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
-    table = _per_request(whole.requests, replays).hstack(losses)
-    if fleet_run is not None:
-        table = table.with_columns(
-            pl.Series("replica", fleet_run.placement),
-            pl.Series("single_vllm_hit", fleet_run.single.vllm.hit_tokens),
-            pl.Series("single_sglang_hit", fleet_run.single.sglang.hit_tokens),
-        )
     return Analysis(
         report=report,
-        per_request=table,
+        per_request=_with_fleet(_per_request(whole.requests, replays).hstack(losses), fleet_run),
         tokenized=sample,
-        replays=sample_replays,
+        replays=replayed.sample_replays,
     )
 
 
@@ -252,12 +255,35 @@ def _head(chunks: Iterator[Chunk], budget: int | None) -> list[Chunk]:
     return head
 
 
-def _check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
-    if settings.time_model is not None and workload.arrival_s is None:
-        raise PrefixcheckError(
-            "--replay-in-time needs an arrival time on every request (a timestamp field, or "
-            "--time-field)"
+def _hash_trace(loaded: LoadResult) -> bool:
+    return bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
+
+
+def _decoder(log: ReadLog) -> Tokenizer | None:
+    """The tokenizer that turns tokens back into text (none for ids or hash-id traces)."""
+    tokenizer = log.reader.tokenizer
+    return tokenizer if tokenizer is not None and not _hash_trace(log.reader.loaded) else None
+
+
+def _model_summaries(
+    models: np.ndarray, prompt_lengths: np.ndarray, replays: Replays
+) -> dict[str, ModelSummary]:
+    """Per-model figures, when the log holds more than one model."""
+    names = list(dict.fromkeys(models))
+    if len(names) <= 1:
+        return {}
+    summaries = {}
+    for name in names:
+        mask = models == name
+        lengths = prompt_lengths[mask]
+        engines = {"vllm": replays.vllm.hit_tokens[mask], "sglang": replays.sglang.hit_tokens[mask]}
+        summaries[name] = ModelSummary(
+            requests=int(mask.sum()),
+            prompt_tokens=int(lengths.sum()),
+            hit_tokens={engine: int(hits.sum()) for engine, hits in engines.items()},
+            hit_rate={engine: hit_rate(hits, lengths) for engine, hits in engines.items()},
         )
+    return summaries
 
 
 def _has_chats(loaded: LoadResult) -> bool:
@@ -370,3 +396,14 @@ def _per_request(requests: pl.DataFrame, replays: Replays) -> pl.DataFrame:
         for name, values in result.counters.items():
             columns[f"{result.engine}_{name}"] = values
     return pl.DataFrame(columns)
+
+
+def _with_fleet(table: pl.DataFrame, fleet_run: FleetRun | None) -> pl.DataFrame:
+    """Each request's replica and its hits on one instance with the fleet's total capacity."""
+    if fleet_run is None:
+        return table
+    return table.with_columns(
+        pl.Series("replica", fleet_run.placement),
+        pl.Series("single_vllm_hit", fleet_run.single.vllm.hit_tokens),
+        pl.Series("single_sglang_hit", fleet_run.single.sglang.hit_tokens),
+    )

@@ -37,8 +37,12 @@ from cache_models.workload import Workload  # noqa: E402
 MOONCAKE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
 if not MOONCAKE.exists():  # a checkout beside shared/
     MOONCAKE = ROOT.parent / "shared" / "data" / "traces" / MOONCAKE.name
-ROUTERS = (("round-robin", None), ("hash", "first-block"), ("sglang-cache-aware", None),
-           ("dynamo-kv", None))
+ROUTERS = (
+    ("round-robin", None),
+    ("hash", "first-block"),
+    ("sglang-cache-aware", None),
+    ("dynamo-kv", None),
+)
 
 
 def load(path: Path) -> Workload:
@@ -76,19 +80,27 @@ def main() -> None:
         settings = replace(base, capacity_tokens=capacity)
         start = time.perf_counter()
         v, s = engines(workload, settings)
-        print(f"  one instance            {v / total:6.1%} / {s / total:6.1%}  "
-              f"{time.perf_counter() - start:6.1f} s")
+        print(
+            f"  one instance            {v / total:6.1%} / {s / total:6.1%}  "
+            f"{time.perf_counter() - start:6.1f} s"
+        )
         for n in args.replicas:
             if capacity is not None:  # unbounded: N times nothing is the instance above
                 whole = replace(settings, capacity_tokens=capacity * n)
                 start = time.perf_counter()
                 v, s = engines(workload, whole)
-                print(f"  one instance x{n} capacity {v / total:6.1%} / {s / total:6.1%}  "
-                      f"{time.perf_counter() - start:6.1f} s")
+                print(
+                    f"  one instance x{n} capacity {v / total:6.1%} / {s / total:6.1%}  "
+                    f"{time.perf_counter() - start:6.1f} s"
+                )
             for router, field in ROUTERS:
                 start = time.perf_counter()
-                placement = place(workload, keys(workload, field), settings,
-                                  FleetOptions(n, router, session_field=field))
+                placement = place(
+                    workload,
+                    keys(workload, field),
+                    settings,
+                    FleetOptions(n, router, session_field=field),
+                )
                 routed = time.perf_counter() - start
                 hits = np.zeros(2, np.int64)
                 for r in range(n):
@@ -97,9 +109,11 @@ def main() -> None:
                         hits += engines(workload.select(rows), settings)
                 counts = np.bincount(placement.replica, minlength=n)
                 name = router + (f" ({field})" if field else "")
-                print(f"  {n} x {name:26} {hits[0] / total:6.1%} / {hits[1] / total:6.1%}  "
-                      f"{time.perf_counter() - start:6.1f} s (routing {routed:5.1f} s)  "
-                      f"requests max/mean {counts.max() / counts.mean():4.2f}")
+                print(
+                    f"  {n} x {name:26} {hits[0] / total:6.1%} / {hits[1] / total:6.1%}  "
+                    f"{time.perf_counter() - start:6.1f} s (routing {routed:5.1f} s)  "
+                    f"requests max/mean {counts.max() / counts.mean():4.2f}"
+                )
                 sys.stdout.flush()
 
 
