@@ -108,6 +108,9 @@ class FleetSummary:
     keyless_requests: int  # routed by their text: no --session-field value
     decisions: dict[str, int]
     what_if: list[dict[str, Any]] = field(default_factory=list)  # --what-if router=/replicas=
+    router_ranking: list[dict[str, Any]] = field(default_factory=list)  # measured candidates
+    capacity_for_share: dict[str, Any] | None = None  # per-replica capacity for 90% of hits
+    advice_skipped: str | None = None  # why no ranking was measured
 
     def to_dict(self) -> dict[str, Any]:
         out = self.__dict__ | {"per_replica": [r.__dict__ for r in self.per_replica]}
@@ -184,8 +187,11 @@ def run_fleet(
     options: FleetOptions,
     progress: Progress | None = None,
     what_ifs: tuple[str, ...] = (),
+    advice_tokens: int | None = None,
 ) -> FleetRun:
-    """Route and replay the whole log in arrival order; results in input order."""
+    """Route and replay the whole log in arrival order; results in input order. Logs of at most
+    ``advice_tokens`` prompt tokens (None: any) also get the measured router ranking and the
+    capacity advice."""
     workload, requests = log.workload, log.requests
     check_arrivals(workload, settings)
     order = arrival_order(workload)
@@ -216,6 +222,35 @@ def run_fleet(
     summary = replace(
         _summary(replayed, lengths, replicas, settings, keyless, names), what_if=changes
     )
+    prompt_tokens = int(lengths.sum())
+    if options.replica_field is not None:
+        summary = replace(summary, advice_skipped="the log's own placement was replayed")
+    elif advice_tokens is not None and prompt_tokens > advice_tokens:
+        summary = replace(
+            summary,
+            advice_skipped=f"the log holds more than {advice_tokens:,} "
+            "prompt tokens (--diagnose-tokens); try --what-if router=NAME",
+        )
+    else:
+        from analyzer.fleet_advice import capacity_for_share, rank_routers
+
+        fleet = replace(options, replicas=replicas)
+        ranking = rank_routers(workload, requests, models, settings, fleet)
+        single_unbounded = (
+            replayed.single
+            if settings.capacity_tokens is None
+            else replay_all(workload, replace(settings, capacity_tokens=None), None, models)
+        )
+        capacity = capacity_for_share(
+            workload,
+            requests,
+            models,
+            settings,
+            fleet,
+            single_unbounded.sglang.total_hit_tokens,
+            int(replayed.single.trie.length.sum()),
+        )
+        summary = replace(summary, router_ranking=ranking, capacity_for_share=capacity)
     total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas
     return FleetRun(
         Replayed(log, replayed.fleet, order, log, replayed.fleet),
@@ -287,9 +322,20 @@ def fleet_notes(summary: FleetSummary) -> list[str]:
         f"Fleet of {summary.replicas} replicas behind {summary.router} ({summary.router_source}); "
         f"engine hit rates are the fleet's. Load model: {summary.load_model}."
     ]
+    if summary.advice_skipped:
+        notes.append(f"No measured router ranking or capacity advice: {summary.advice_skipped}.")
     if summary.keyless_requests and summary.router == "consistent-hash":
         notes.append(
             f"{summary.keyless_requests} requests had no routing key: hashed on their text, as "
             "vllm-router does."
         )
     return notes
+
+
+def fleet_recommendations(summary: FleetSummary, options: FleetOptions) -> list:
+    """The measured router and capacity advice as report recommendations."""
+    if not summary.router_ranking or summary.capacity_for_share is None:
+        return []
+    from analyzer.fleet_advice import advice
+
+    return advice(summary.router_ranking, options, summary.capacity_for_share)

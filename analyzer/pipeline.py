@@ -13,7 +13,13 @@ import polars as pl
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.fleet import FleetOptions
-from analyzer.fleet_run import FleetRun, fleet_notes, is_fleet_fix, run_fleet
+from analyzer.fleet_run import (
+    FleetRun,
+    fleet_notes,
+    fleet_recommendations,
+    is_fleet_fix,
+    run_fleet,
+)
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -78,6 +84,7 @@ def analyze(
             options.fleet,
             progress,
             tuple(t for t in options.what_if if is_fleet_fix(t)),
+            options.sample_tokens,
         )
         replayed = fleet_run.replayed
     else:
@@ -205,7 +212,8 @@ def report(
             _prefix_summary(prefix, block_size, decoder, options.redact, whole)
             for prefix in prefixes
         ],
-        recommendations=diagnosed.diagnosis.recommendations,
+        recommendations=diagnosed.diagnosis.recommendations
+        + ([] if fleet_run is None else fleet_recommendations(fleet_run.summary, options.fleet)),
         diagnosis=diagnosed.diagnosis,
         diagnosis_scope=DiagnosisScope(
             requests=sample.workload.n_requests,

@@ -248,3 +248,37 @@ def test_fleet_what_ifs(tmp_path: Path) -> None:
     assert hashed["router"] == "consistent-hash"
     assert hashed["hit_rate"]["sglang"] > fleet["hit_rate"]["sglang"]
     assert [w["name"] for w in report["what_if"]] == ["no-salt"]
+
+
+def test_measured_router_ranking_and_capacity_advice(tmp_path: Path) -> None:
+    """The ranking replays each candidate router: sessions hashed whole on the user beat
+    round-robin; the capacity advice is the smallest capacity tried that keeps 90% of one
+    unbounded instance's SGLang hits, and it does keep them."""
+    log = conversations(tmp_path / "log.jsonl")
+    report, _ = analyze(tmp_path, log, "--replicas", "3", "--session-field", "user")
+    fleet = report["fleet"]
+    ranking = {(r["router"], r["session_field"]): r["hit_rate"] for r in fleet["router_ranking"]}
+    assert ranking[("hash", "user")]["sglang"] > ranking[("round-robin", None)]["sglang"]
+    rates = [r["hit_rate"]["vllm"] + r["hit_rate"]["sglang"] for r in fleet["router_ranking"]]
+    assert rates == sorted(rates, reverse=True)
+    advised = {r["kind"]: r for r in report["recommendations"]}
+    assert "fleet_capacity" in advised
+    # first-block hashing puts every session (one system prompt) on one replica: not advised.
+    assert ranking[("hash", "first-block")]["sglang"] >= ranking[("hash", "user")]["sglang"]
+    assert advised["router"]["summary"].startswith("Route with hash on user")
+    advice = fleet["capacity_for_share"]
+    if advice["capacity_tokens"] is not None:
+        checked, _ = analyze(
+            tmp_path,
+            log,
+            "--replicas",
+            "3",
+            "--router",
+            "round-robin",
+            "--capacity-tokens",
+            str(advice["capacity_tokens"]),
+        )
+        kept = checked["engines"]["sglang"]["hit_tokens"]
+        assert kept >= advice["target_hit_tokens"]
+    else:
+        assert advice["fleet_unbounded_hit_tokens"] < advice["target_hit_tokens"]
