@@ -112,7 +112,7 @@ def place(
             _peaks(workload, log_placement, n, settings, timed),
         )
     router = make_router(options.router, n, options.router_params)
-    load = FleetLoad.empty(n)
+    load = FleetLoad.empty(n, settings.max_in_flight, settings.capacity_tokens)
     running: list[tuple[float, int, int, int]] = []  # (finish, request, replica, tokens)
     chosen = np.empty(workload.n_requests, np.int64)
     peaks = np.zeros(n, np.int64)

@@ -16,6 +16,7 @@ from analyzer.replay import ReplaySettings
 from cache_models.config import SglangConfig, TimeModel, VllmConfig
 from cache_models.routers.base import FleetLoad, RouteRequest
 from cache_models.routers.dynamo import DynamoConfig, DynamoKv
+from cache_models.routers.gaie import Gaie
 from cache_models.routers.simple import VllmDataParallel
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.vllm_apc import VllmPrefixCache
@@ -282,3 +283,34 @@ def test_measured_router_ranking_and_capacity_advice(tmp_path: Path) -> None:
         assert kept >= advice["target_hit_tokens"]
     else:
         assert advice["fleet_unbounded_hit_tokens"] < advice["target_hit_tokens"]
+
+
+def test_gaie_scorers_worked_cases() -> None:
+    """GAIE's default picker by hand (its Go binary is not run here): 4 blocks; pod 0 holds the
+    first 2 (prefix 0.5), pod 1 none. Equal queues score 1.0 each; KV usage 0.5 vs 0:
+    pod 0 = 2*1 + 2*0.5 + 3*0.5 = 4.5, pod 1 = 2*1 + 2*1 + 0 = 4.0 -> pod 0. With pod 0 three
+    requests deep in its queue (queue score 0 vs 1): 2.5 vs 4.0 -> pod 1."""
+    blocks = np.array([5, 6, 7, 8], np.uint64)
+    router = Gaie(2)
+    router.pods = {5: {0}, 6: {0}}
+    load = FleetLoad(np.array([2, 0]), np.array([500, 0]), max_running=2, capacity_tokens=1000)
+    request = RouteRequest(np.empty(0), blocks=blocks)
+    assert router.scores(request, load).tolist() == [4.5, 4.0]
+    assert router.route(request, load) == 0
+    assert router.prefix_scores(blocks).tolist() == [1.0, 0.0]  # pod 0 now holds all four
+    load.in_flight[:] = [5, 0]
+    router.pods = {5: {0}, 6: {0}}
+    assert router.scores(request, load).tolist() == [2.5, 4.0]
+    assert router.route(request, load) == 1
+
+
+def test_gaie_lru_forgets_the_oldest_hashes() -> None:
+    """AutoTune: a pod's LRU holds its GPU blocks (capacity / 16); older hashes leave it."""
+    router = Gaie(1)
+    load = FleetLoad.empty(1, capacity_tokens=48)  # 3 blocks
+    first = RouteRequest(np.empty(0), blocks=np.array([1, 2, 3], np.uint64))
+    second = RouteRequest(np.empty(0), blocks=np.array([9, 10], np.uint64))
+    router.route(first, load)
+    router.route(second, load)
+    assert set(router.pods) == {3, 9, 10}
+    assert router.prefix_scores(first.blocks).tolist() == [0.0]

@@ -31,10 +31,27 @@ class FleetLoad:
 
     in_flight: np.ndarray
     active_tokens: np.ndarray
+    max_running: int | None = None  # requests a replica runs at once; the rest wait (None: all run)
+    capacity_tokens: int | None = None  # each replica's KV capacity (None: unbounded)
 
     @classmethod
-    def empty(cls, replicas: int) -> FleetLoad:
-        return cls(np.zeros(replicas, dtype=np.int64), np.zeros(replicas, dtype=np.int64))
+    def empty(
+        cls, replicas: int, max_running: int | None = None, capacity_tokens: int | None = None
+    ) -> FleetLoad:
+        zeros = np.zeros(replicas, dtype=np.int64)
+        return cls(zeros, zeros.copy(), max_running, capacity_tokens)
+
+    @property
+    def waiting(self) -> np.ndarray:
+        if self.max_running is None:
+            return np.zeros_like(self.in_flight)
+        return np.maximum(self.in_flight - self.max_running, 0)
+
+    @property
+    def kv_usage(self) -> np.ndarray:
+        if not self.capacity_tokens:
+            return np.zeros(len(self.in_flight))
+        return np.minimum(self.active_tokens / self.capacity_tokens, 1.0)
 
 
 class Router(Protocol):

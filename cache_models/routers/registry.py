@@ -16,6 +16,7 @@ from cache_models.routers.cache_aware import (
 )
 from cache_models.routers.consistent_hash import ConsistentHash
 from cache_models.routers.dynamo import DynamoConfig, DynamoKv
+from cache_models.routers.gaie import Gaie, GaieConfig
 from cache_models.routers.simple import LeastLoad, RoundRobin, SeededRandom, VllmDataParallel
 
 
@@ -45,6 +46,7 @@ ROUTERS: dict[str, tuple[Callable[[int, dict[str, Any]], Router], tuple[str, ...
         lambda n, p: DynamoKv(n, DynamoConfig(**p)),
         tuple(f.name for f in fields(DynamoConfig)),
     ),
+    "gaie": (lambda n, p: Gaie(n, GaieConfig(**p)), tuple(f.name for f in fields(GaieConfig))),
 }
 
 
