@@ -91,8 +91,10 @@ def place(
     settings: ReplaySettings,
     options: FleetOptions,
     log_placement: np.ndarray | None = None,
+    texts: list[np.ndarray] | None = None,
 ) -> Placement:
-    """Each request's replica, routed in arrival order (the workload's order)."""
+    """Each request's replica, routed in arrival order (the workload's order); ``texts`` are the
+    requests' routing texts as code points (None: their prompt token ids stand in)."""
     n = options.replicas
     timed = settings.time_model is not None and workload.arrival_s is not None
     load_model = (
@@ -127,7 +129,7 @@ def place(
             load.active_tokens[replica] -= tokens
         prompt = workload.prompt(i)
         request = RouteRequest(
-            symbols=prompt,
+            symbols=prompt if texts is None else texts[i],
             session=sessions[i],
             arrival_s=now,
             prompt_tokens=int(lengths[i]),

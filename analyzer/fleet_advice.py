@@ -41,10 +41,11 @@ def fleet_hits(
     models: np.ndarray,
     settings: ReplaySettings,
     options: FleetOptions,
+    texts: list[np.ndarray] | None = None,
 ) -> tuple[dict[str, int], float]:
     """The fleet's hit tokens per engine and its request imbalance (busiest / mean)."""
     keys, _ = session_keys(requests, workload, options.session_field, settings.block_size)
-    placement = place(workload, keys, settings, options)
+    placement = place(workload, keys, settings, options, texts=texts)
     replays = replay_all(workload, settings, None, models, Placed(placement.replica))
     counts = np.bincount(placement.replica, minlength=options.replicas)
     hits = {"vllm": replays.vllm.total_hit_tokens, "sglang": replays.sglang.total_hit_tokens}
@@ -57,12 +58,13 @@ def rank_routers(
     models: np.ndarray,
     settings: ReplaySettings,
     options: FleetOptions,
+    texts: list[np.ndarray] | None = None,
 ) -> list[dict[str, Any]]:
     """Every candidate's measured fleet hit rates, best first (by the sum of both engines')."""
     total = int(workload.prompt_lengths.sum()) or 1
     rows = []
     for option in candidates(options, settings.time_model is not None):
-        hits, imbalance = fleet_hits(workload, requests, models, settings, option)
+        hits, imbalance = fleet_hits(workload, requests, models, settings, option, texts)
         rows.append(
             {
                 "router": option.router,
@@ -83,13 +85,16 @@ def capacity_for_share(
     single_unbounded_hits: int,
     distinct_tokens: int,
     share: float = KEEP_SHARE,
+    texts: list[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The smallest per-replica capacity tried (distinct tokens / N, halved step by step) at which
     the fleet's SGLang hits reach ``share`` of one unbounded instance's; None if even unbounded
     replicas do not (then routing, not capacity, is what loses)."""
     target = share * single_unbounded_hits
     unbounded_settings = replace(settings, capacity_tokens=None)
-    unbounded = fleet_hits(workload, requests, models, unbounded_settings, options)[0]["sglang"]
+    unbounded = fleet_hits(workload, requests, models, unbounded_settings, options, texts)[0][
+        "sglang"
+    ]
     result: dict[str, Any] = {
         "share": share,
         "engine": "sglang",
@@ -104,7 +109,7 @@ def capacity_for_share(
     for step in range(1, CAPACITY_STEPS):
         capacity = max(top >> step, settings.block_size)
         bounded = replace(settings, capacity_tokens=capacity)
-        if fleet_hits(workload, requests, models, bounded, options)[0]["sglang"] < target:
+        if fleet_hits(workload, requests, models, bounded, options, texts)[0]["sglang"] < target:
             break
         best = capacity
     result["capacity_tokens"] = best

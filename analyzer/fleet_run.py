@@ -160,12 +160,13 @@ def what_if(
     settings: ReplaySettings,
     options: FleetOptions,
     text: str,
+    texts: list[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The fleet's hit rates with one change, replayed the same way (workload in arrival order)."""
     changed = fleet_fix(options, text)
     try:
         keys, _ = session_keys(requests, workload, changed.session_field, settings.block_size)
-        placement = place(workload, keys, settings, changed)
+        placement = place(workload, keys, settings, changed, texts=texts)
     except ValueError as exc:
         raise PrefixcheckError(f"--what-if {text!r}: {exc}") from None
     lengths = workload.prompt_lengths
@@ -188,6 +189,7 @@ def run_fleet(
     progress: Progress | None = None,
     what_ifs: tuple[str, ...] = (),
     advice_tokens: int | None = None,
+    texts: list[np.ndarray] | None = None,
 ) -> FleetRun:
     """Route and replay the whole log in arrival order; results in input order. Logs of at most
     ``advice_tokens`` prompt tokens (None: any) also get the measured router ranking and the
@@ -206,8 +208,11 @@ def run_fleet(
         workload, models = workload.select(order), models[order]
         requests = requests[order]
         keys = [keys[i] for i in order]
+        texts = None if texts is None else [texts[i] for i in order]
         placed_by_log = None if placed_by_log is None else placed_by_log[order]
-    placement = place(workload, keys, settings, replace(options, replicas=replicas), placed_by_log)
+    placement = place(
+        workload, keys, settings, replace(options, replicas=replicas), placed_by_log, texts
+    )
     replayed = replay_fleet(workload, models, settings, placement, replicas, progress)
     if order is not None:
         replayed = FleetReplays(
@@ -215,7 +220,7 @@ def run_fleet(
             in_input_order(replayed.single, order),
             replace(placement, replica=_unpermute(placement.replica, order)),
         )
-    changes = [what_if(workload, requests, models, settings, options, t) for t in what_ifs]
+    changes = [what_if(workload, requests, models, settings, options, t, texts) for t in what_ifs]
     lengths = requests["prompt_tokens"].to_numpy()
     if order is not None:
         lengths = _unpermute(lengths, order)
@@ -235,7 +240,7 @@ def run_fleet(
         from analyzer.fleet_advice import capacity_for_share, rank_routers
 
         fleet = replace(options, replicas=replicas)
-        ranking = rank_routers(workload, requests, models, settings, fleet)
+        ranking = rank_routers(workload, requests, models, settings, fleet, texts)
         single_unbounded = (
             replayed.single
             if settings.capacity_tokens is None
@@ -249,6 +254,7 @@ def run_fleet(
             fleet,
             single_unbounded.sglang.total_hit_tokens,
             int(replayed.single.trie.length.sum()),
+            texts=texts,
         )
         summary = replace(summary, router_ranking=ranking, capacity_for_share=capacity)
     total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas

@@ -20,6 +20,7 @@ from analyzer.fleet_run import (
     is_fleet_fix,
     run_fleet,
 )
+from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -85,6 +86,11 @@ def analyze(
             progress,
             tuple(t for t in options.what_if if is_fleet_fix(t)),
             options.sample_tokens,
+            routing_symbols(
+                log.reader.loaded.records,
+                log.sample.tokenized.requests,
+                _hash_trace(log.reader.loaded),
+            ),
         )
         replayed = fleet_run.replayed
     else:

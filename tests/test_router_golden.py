@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from analyzer.fleet_text import chat_text
 from cache_models.routers.base import FleetLoad, RouteRequest
 from cache_models.routers.cache_aware import (
     SGLANG_DEFAULTS,
@@ -49,15 +50,27 @@ def model_of(package: str, case: dict[str, Any]):
     return CacheAware(n, config)
 
 
+def symbols(case: dict[str, Any], i: int) -> np.ndarray:
+    """The text the router matched, as prefixcheck extracts it: the prompt, a chat's message
+    texts (analyzer.fleet_text), or ``/generate`` input ids as decimal numbers."""
+    kind = case.get("kind", "text")
+    if kind == "chat":
+        text = chat_text(case["messages"][i])
+    elif kind == "ids":
+        text = " ".join(map(str, case["ids"][i]))
+    else:
+        text = case["texts"][i]
+    return np.array([ord(c) for c in text], dtype=np.int64)
+
+
 def replay(package: str, case: dict[str, Any]) -> list[int]:
     router = model_of(package, case)
     load = FleetLoad.empty(case["workers"])
     chosen: dict[int, int] = {}
     for event, i in case["events"]:
         if event == "route":
-            text = case["texts"][i]
             request = RouteRequest(
-                symbols=np.array([ord(c) for c in text], dtype=np.int64),
+                symbols=symbols(case, i),
                 session=case["sessions"][i] if case["sessions"] else None,
             )
             chosen[i] = router.route(request, load)
@@ -102,10 +115,9 @@ def test_goldens_exercise_every_branch_of_cache_aware() -> None:
             if event == "finish":
                 load.in_flight[chosen[i]] -= 1
                 continue
-            symbols = np.array([ord(c) for c in case["texts"][i]], dtype=np.int64)
             least_load_agrees += int(np.argmin(load.in_flight)) == case["chosen"][i]
             total += 1
-            chosen[i] = router.route(RouteRequest(symbols=symbols), load)
+            chosen[i] = router.route(RouteRequest(symbols=symbols(case, i)), load)
             load.in_flight[chosen[i]] += 1
         for name, count in router.decisions.items():
             decisions[name] += count

@@ -58,8 +58,10 @@ class FakeWorkers:
         self.release: dict[int, asyncio.Event] = {}
         self.probes: list[str] = []
         self.runners: list[web.AppRunner] = []
+        self.current = -1  # the request on its way
 
     def expect(self, i: int) -> None:
+        self.current = i
         self.arrived[i] = asyncio.Event()
         self.release[i] = asyncio.Event()
 
@@ -85,7 +87,9 @@ class FakeWorkers:
                 "/v1/chat/completions",
             ):
                 body = await request.json()
-                i = int(body["rid"] if "rid" in body else body["user"])
+                # Requests are sent one at a time, each after the previous one arrived: the one
+                # arriving is the one expected (chats lose their ``user`` in the router).
+                i = int(body.get("rid") or body.get("user") or self.current)
                 self.received[i] = worker
                 self.arrived[i].set()
                 await asyncio.wait_for(self.release[i].wait(), STEP_TIMEOUT_S * 3)
@@ -187,7 +191,7 @@ async def run_case(router: str, policy: str, case: dict[str, Any]) -> list[int]:
             for event, i in case["events"]:
                 if event == "route":
                     workers.expect(i)
-                    path, body = request_body(router, case["texts"][i], i)
+                    path, body = request_body(router, case, i)
                     headers = {"x-session-id": case["sessions"][i]} if case["sessions"] else {}
                     pending[i] = asyncio.create_task(
                         session.post(f"http://127.0.0.1:{port}{path}", json=body, headers=headers)
@@ -225,15 +229,21 @@ async def router_order(session: ClientSession, port: int, ports: list[int]) -> l
     return order
 
 
-def request_body(router: str, text: str, i: int) -> tuple[str, dict[str, Any]]:
+def request_body(router: str, case: dict[str, Any], i: int) -> tuple[str, dict[str, Any]]:
+    """The HTTP request for request i: a completion's prompt, ``/generate`` text or input ids, or
+    a chat (the case's ``kind``)."""
+    kind = case.get("kind", "text")
+    if kind == "chat":
+        body = {"model": "fake-model", "messages": case["messages"][i], "user": str(i)}
+        return "/v1/chat/completions", body | {"max_tokens": 1}
+    if kind == "ids":
+        body = {"input_ids": case["ids"][i], "rid": str(i)}
+        return "/generate", body | {"sampling_params": {"max_new_tokens": 1}}
+    text = case["texts"][i]
     if router == "sglang":
         return "/generate", {"text": text, "rid": str(i), "sampling_params": {"max_new_tokens": 1}}
-    return "/v1/completions", {
-        "model": "fake-model",
-        "prompt": text,
-        "user": str(i),
-        "max_tokens": 1,
-    }
+    body = {"model": "fake-model", "prompt": text, "user": str(i)}
+    return "/v1/completions", body | {"max_tokens": 1}
 
 
 WORDS = (
@@ -267,6 +277,29 @@ def texts_of(rng: random.Random, n: int) -> tuple[list[str], list[str]]:
         texts.append(" ".join(sessions[s]).strip() or "x")
         ids.append(f"session-{s}")
     return texts, ids
+
+
+def chats_of(texts: list[str], sessions: list[str], rng: random.Random) -> list[list[dict]]:
+    """The same traffic as chats: a system message, then each turn as a user message with an
+    answer before it; text-part lists now and then."""
+    history: dict[str, list[dict[str, Any]]] = {}
+    chats = []
+    for text, session in zip(texts, sessions, strict=True):
+        turns = history.setdefault(session, [{"role": "system", "content": text[:40]}])
+        if len(turns) > 1:
+            turns.append({"role": "assistant", "content": random_text(rng, rng.randint(0, 6))})
+        content: Any = text[40:] or "x"
+        if rng.random() < 0.2:
+            content = [{"type": "text", "text": content}, {"type": "text", "text": "more"}]
+        turns.append({"role": "user", "content": content})
+        chats.append([dict(m) for m in turns])
+    return chats
+
+
+def ids_of(texts: list[str]) -> list[list[int]]:
+    """The same traffic as token ids (one id per word of a fixed vocabulary)."""
+    vocab = {w: k + 1 for k, w in enumerate(WORDS)}
+    return [[vocab.get(w, 999) for w in t.split()] or [1] for t in texts]
 
 
 def events_of(rng: random.Random, n: int, held: int) -> list[list[Any]]:
@@ -308,6 +341,8 @@ PLANS: dict[str, list[tuple[str, list[str], int, int, int, bool]]] = {
         ),
         ("round_robin", [], 3, 150, 0, False),
         ("round_robin", [], 5, 150, 10, False),
+        ("cache_aware", ["kind:chat"], 4, 200, 12, False),
+        ("cache_aware", ["kind:ids"], 4, 200, 12, False),
     ],
 }
 PLANS["vllm"] = PLANS["sglang"][:6] + [
@@ -328,6 +363,8 @@ async def generate(router: str, seed: int) -> dict[str, Any]:
     for k, (policy, args, workers, n, held, headers) in enumerate(PLANS[router]):
         rng = random.Random(seed * 1000 + k)
         texts, sessions = texts_of(rng, n)
+        kind = next((a.split(":")[1] for a in args if a.startswith("kind:")), "text")
+        args = [a for a in args if not a.startswith("kind:")]
         case = {
             "policy": policy,
             "args": args + ["--eviction-interval-secs", "3600"],
@@ -335,7 +372,12 @@ async def generate(router: str, seed: int) -> dict[str, Any]:
             "texts": texts,
             "sessions": sessions if headers else [],
             "events": events_of(rng, n, held),
+            "kind": kind,
         }
+        if kind == "chat":
+            case["messages"] = chats_of(texts, sessions, rng)
+        elif kind == "ids":
+            case["ids"] = ids_of(texts)
         case["chosen"] = await run_case(router, policy, case)
         print(
             f"{router} {policy} {args} workers={workers} held={held}: "
