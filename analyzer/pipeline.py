@@ -12,12 +12,12 @@ import polars as pl
 
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
+from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.fleet import FleetOptions
 from analyzer.fleet_run import (
     FleetRun,
     fleet_notes,
     fleet_recommendations,
-    is_fleet_fix,
     run_fleet,
 )
 from analyzer.fleet_text import routing_symbols
@@ -53,13 +53,21 @@ class AnalyzeOptions:
     settings: ReplaySettings = field(default_factory=ReplaySettings)
     top_prefixes: int = 10
     redact: bool = False
-    what_if: tuple[str, ...] = ()  # --what-if: named fixes to replay
+    what_if: tuple[WhatIfSpec | str, ...] = ()  # --what-if: named fixes to replay
     model_preset: str = DEFAULT_ESTIMATE_PRESET  # the model shape of the prefill estimate
     # Logs with more prompt tokens stream through the engines chunk by chunk; the diagnosis
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
     fleet: FleetOptions | None = None  # --replicas: replay a fleet behind a router
+    fleet_what_if: tuple[str, ...] = ()  # --what-if router=, replicas=, session-field=
+
+    def __post_init__(self) -> None:
+        """What-ifs parsed (if given as text) and checked against the settings before any read."""
+        specs = tuple(s if isinstance(s, WhatIfSpec) else WhatIfSpec.parse(s) for s in self.what_if)
+        for spec in specs:
+            spec.check(self.settings)
+        object.__setattr__(self, "what_if", specs)
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ def analyze(
             options.settings,
             options.fleet,
             progress,
-            tuple(t for t in options.what_if if is_fleet_fix(t)),
+            options.fleet_what_if,
             options.sample_tokens,
             routing_symbols(
                 log.reader.loaded.records,
@@ -150,7 +158,7 @@ def diagnose(
         settings,
         _decoder(log),
         options.redact,
-        tuple(t for t in options.what_if if not is_fleet_fix(t)),
+        options.what_if,
         PartsSource(loaded.records, tokenizer, log.sample.renderer, options.ingest.cache_dir)
         if tokenizer
         else None,

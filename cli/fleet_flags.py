@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import typer
@@ -66,3 +67,21 @@ def fleet_options(
     except (ValueError, TypeError) as exc:
         raise PrefixcheckError(f"--router {router}: {exc}") from None
     return FleetOptions(replicas or 1, router, params, session_field, replica_field)
+
+
+@dataclass(frozen=True)
+class FleetFlags:
+    """The fleet of analyze: replicas behind a router (parsed and checked before the run)."""
+
+    replicas: Replicas = None
+    router: RouterName = "round-robin"
+    router_config: RouterConfig = None
+    session_field: SessionField = None
+    replica_field: ReplicaField = None
+    options: FleetOptions | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        fleet = fleet_options(
+            self.replicas, self.router, self.router_config, self.session_field, self.replica_field
+        )
+        object.__setattr__(self, "options", fleet)
