@@ -45,7 +45,7 @@ def fleet_table(fleet: FleetSummary) -> Table:
         style="bold",
     )
     table.add_row(
-        "one instance, total capacity",
+        "1 instance",
         "",
         "",
         "",
