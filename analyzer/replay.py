@@ -10,7 +10,7 @@ from itertools import chain
 import numpy as np
 import polars as pl
 
-from analyzer.errors import PrefixcheckError
+from analyzer.errors import PrefixcheckError, SkipLog
 from analyzer.pool import CachePool, Router, concatenated, model_labels
 from analyzer.progress import NoProgress, Progress
 from analyzer.token_cache import CacheStats
@@ -135,7 +135,7 @@ def replay_log(
     order it is read; ``namespace_labels()`` gives the whole stream's once it is read."""
     following = next(rest, None)
     if following is None:
-        _check_arrivals(sample.workload, settings)
+        check_arrivals(sample.workload, settings)
         order = arrival_order(sample.workload)
         models = model_labels(sample.requests["model"])
         if order is None:
@@ -189,7 +189,7 @@ def _fed(
     return results | {"ideal": ReplayResult("ideal", ideal["ideal"])}
 
 
-def _check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
+def check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
     if settings.time_model is not None and workload.arrival_s is None:
         raise PrefixcheckError(
             "--replay-in-time needs an arrival time on every request (a timestamp field, or "
@@ -226,7 +226,7 @@ def _rows_only(log: LogTable) -> LogTable:
 def _joined(tables: list[LogTable], namespace_labels: list[str]) -> LogTable:
     return LogTable(
         requests=pl.concat([t.requests for t in tables], how="vertical_relaxed"),
-        skips=[skip for t in tables for skip in t.skips],
+        skips=sum((t.skips for t in tables), SkipLog()),
         namespace_labels=namespace_labels,
         from_text=any(t.from_text for t in tables),
         assumed_stop_finish=sum(t.assumed_stop_finish for t in tables),

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from analyzer.errors import Skip
+from analyzer.errors import Skip, SkipLog
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
 from analyzer.server_compare import ServerComparison
@@ -16,6 +15,7 @@ from analyzer.shares import share
 
 if TYPE_CHECKING:
     from analyzer.diagnose.model import Diagnosis
+    from analyzer.fleet_run import FleetSummary
 
 SCHEMA_VERSION = 1
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
@@ -95,12 +95,12 @@ class SkipSummary:
     examples: list[str]
 
     @classmethod
-    def of(cls, skips: list[Skip]) -> SkipSummary:
-        reasons = Counter(_reason_kind(skip.reason) for skip in skips)
+    def of(cls, skips: SkipLog | list[Skip]) -> SkipSummary:
+        log = skips if isinstance(skips, SkipLog) else SkipLog(skips)
         return cls(
-            count=len(skips),
-            reasons=dict(reasons.most_common()),
-            examples=[str(skip) for skip in skips[:SKIP_EXAMPLES]],
+            count=log.count,
+            reasons=dict(log.reasons.most_common()),
+            examples=[str(skip) for skip in log.kept[:SKIP_EXAMPLES]],
         )
 
 
@@ -169,12 +169,16 @@ class Report:
     shared_prefixes: list[PrefixSummary]
     recommendations: list[Recommendation]
     notes: list[str] = field(default_factory=list)
+    # What this run did that another run over the same input may not (the token cache's
+    # reads): shown on the terminal, kept out of the JSON so that equal inputs give equal JSON.
+    run_notes: list[str] = field(default_factory=list)
     models: dict[str, ModelSummary] = field(default_factory=dict)  # when the log has several
     server_comparison: ServerComparison | None = None  # the server's own cached-token counts
     prefill_estimate: PrefillEstimate | None = None  # FLOPs and KV bytes on a model shape
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
+    fleet: FleetSummary | None = None  # --replicas: the fleet beside one instance
 
     @property
     def alignment_share(self) -> float:
@@ -211,17 +215,13 @@ class Report:
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "diagnosis_scope": self.diagnosis_scope.to_dict() if self.diagnosis_scope else None,
+            "fleet": self.fleet.to_dict() if self.fleet else None,
             **(
                 self.diagnosis.to_dict(self.diagnosis_scope)
                 if self.diagnosis and self.diagnosis_scope
                 else {}
             ),
         }
-
-
-def _reason_kind(reason: str) -> str:
-    """Group reasons that differ only in details (a position, a value) under one heading."""
-    return reason.split(" (", 1)[0]
 
 
 def report_schema() -> dict[str, Any]:

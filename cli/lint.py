@@ -16,7 +16,7 @@ from analyzer.chat import chat_renderer
 from analyzer.errors import PrefixcheckError
 from analyzer.lint import TemplateLint, lint_templates, summary, template_files
 from analyzer.tokenizer import load_tokenizer
-from cli.common import EXIT_GATE_FAILED, fail, to_stdout, write_text
+from cli.common import EXIT_BAD_INPUT, EXIT_GATE_FAILED, fail, to_stdout, write_text
 
 
 def lint_command(
@@ -64,6 +64,8 @@ def lint_command(
             )
             failing |= finding.severity == "error" or warnings_as_errors
     console.print(summary(results), highlight=False)
+    if any(f.rule == "PC000" for r in results for f in r.findings):
+        raise typer.Exit(EXIT_BAD_INPUT)  # a file could not be read: bad input, after the rest
     if failing:
         raise typer.Exit(EXIT_GATE_FAILED)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from dataclasses import replace
 from importlib.metadata import version as package_version
@@ -22,7 +21,7 @@ from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.report import report_schema
-from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, Command, fail, write_text
+from cli.common import EXIT_GATE_FAILED, Command, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.export_trace import export_trace_command
@@ -35,6 +34,7 @@ from cli.flags import (
     SchedulerFlags,
     flag_groups,
 )
+from cli.fleet_flags import FleetFlags
 from cli.inputs import Files
 from cli.lint import lint_command
 from cli.measure import logits_mismatch, measure_command
@@ -80,11 +80,11 @@ def _root(
     ] = None,
 ) -> None:
     """prefixcheck: prefix-cache hit rates of your prompt logs, as the engines count them."""
-    path = config or find_config(Path.cwd())
-    if path is None:
-        return
     assert isinstance(ctx.command, typer.core.TyperGroup)
     try:
+        path = config or find_config(Path.cwd())
+        if path is None:
+            return
         ctx.default_map = default_map(path, ctx.command.commands)
     except PrefixcheckError as exc:
         fail(Console(stderr=True), str(exc))
@@ -114,6 +114,7 @@ def analyze_command(
     diagnose: DiagnoseFlags,
     outputs: OutputFlags,
     gates: GateFlags,
+    fleet: FleetFlags,
     quiet: Annotated[bool, typer.Option(help="No terminal report.")] = False,
     measure: Annotated[
         bool, typer.Option(help="Also time sampled prefills (gpu extra; see `measure`).")
@@ -132,6 +133,8 @@ def analyze_command(
             what_if=diagnose.specs,
             model_preset=diagnose.model_preset or DEFAULT_ESTIMATE_PRESET,
             sample_tokens=diagnose.diagnose_tokens,
+            fleet=fleet.options,
+            fleet_what_if=diagnose.fleet_what_if,
         )
         measure_with = (
             measurer(MeasureOptions(model_preset=diagnose.model_preset)) if measure else None
@@ -181,19 +184,8 @@ def analyze_command(
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
-class _Interrupted(BaseException):
-    """Ctrl-C, raised past click (which would turn a KeyboardInterrupt into "Aborted!")."""
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupted
-
-
 def main() -> None:
-    """Console-script entry point: Ctrl-C ends the run with a short message, no traceback."""
-    signal.signal(signal.SIGINT, _interrupt)
-    try:
-        app()
-    except (KeyboardInterrupt, _Interrupted):
-        print("prefixcheck: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+    """The console script (see cli.entry, which installs the signal handlers first)."""
+    from cli.entry import main as entry
+
+    entry()

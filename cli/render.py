@@ -12,6 +12,7 @@ from analyzer.gates import GateResult
 from analyzer.report import EngineSummary, PrefixSummary, Report
 from analyzer.verdict import Verdict
 from cli.render_diagnosis import losses_table, render_diagnosis
+from cli.render_fleet import fleet_table
 from cli.render_inputs import models_table, server_table
 from cli.render_measure import estimate_table, render_measurement
 
@@ -29,6 +30,8 @@ def render_report(report: Report, console: Console) -> None:
     console.print(_engines(report))
     if report.skipped.count:
         console.print(_skipped(report))
+    if report.fleet is not None:
+        console.print(fleet_table(report.fleet))
     if report.models:
         console.print(models_table(report.models))
     if report.server_comparison is not None:
@@ -51,7 +54,7 @@ def render_report(report: Report, console: Console) -> None:
         )
     if report.prefill_estimate is not None:
         console.print(estimate_table(report.prefill_estimate))
-    for note in report.notes:
+    for note in report.notes + report.run_notes:
         console.print(Text(f"note: {note}", style="dim"))
     if report.measurement is not None:
         render_measurement(report.measurement, console)

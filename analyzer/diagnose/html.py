@@ -24,6 +24,7 @@ CAUSE_COLORS = {
     "alignment": "#8c564b",
     "concurrency": "#e377c2",
     "eviction": "#d62728",
+    "routing": "#17becf",
 }
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1100px; padding: 0 1em; color: #222; }
