@@ -38,8 +38,24 @@ class VllmConfig:
     max_in_flight: int = 1
     # Replay in arrival time (needs Workload.arrival_s); None = by order only.
     time_model: TimeModel | None = None
+    # --max-num-batched-tokens: the tokens Scheduler.schedule may schedule per step (chunked
+    # prefill, vLLM's default). None = no budget: every admitted prompt is prefilled in the step
+    # that admits it. vLLM's own default depends on the GPU and entry point (cli's --gpu).
+    max_num_batched_tokens: int | None = None
+    # --long-prefill-token-threshold (vLLM default 0 = off): at most this many prompt tokens of one
+    # request per step, while more than one request is running or waiting.
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < max(
+            1, self.max_in_flight
+        ):
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_in_flight (vLLM: max_num_batched_tokens "
+                ">= max_num_seqs)"
+            )
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.capacity_tokens is not None and self.capacity_tokens < self.block_size:

@@ -107,6 +107,11 @@ def select_requests(workload: Workload, indices: np.ndarray) -> Workload:
         namespace=workload.namespace[indices],
         stop_finish=workload.stop_finish[indices],
         arrival_s=None if workload.arrival_s is None else workload.arrival_s[indices],
+        priority=None if workload.priority is None else workload.priority[indices],
+        skip_prefix_lookup=None
+        if workload.skip_prefix_lookup is None
+        else workload.skip_prefix_lookup[indices],
+        hit_limit=None if workload.hit_limit is None else workload.hit_limit[indices],
     )
 
 
