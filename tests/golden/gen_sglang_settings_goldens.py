@@ -199,9 +199,7 @@ def generate(kind: str, seed: int) -> str:
     cases = [{**c, **run_oracle(c, requests, state)} for c in configs]
     path = OUT_DIR / f"settings_{kind}_{seed:03d}.json.gz"
     payload = {"seed": seed, "requests": requests, "cases": cases}
-    path.write_bytes(
-        gzip.compress(json.dumps(payload, separators=(",", ":")).encode(), 9, mtime=0)
-    )
+    path.write_bytes(gzip.compress(json.dumps(payload, separators=(",", ":")).encode(), 9, mtime=0))
     return f"{path.name}: {len(cases)} configurations x {len(requests)} requests"
 
 
