@@ -141,7 +141,7 @@ def report(
     report = Report(
         inputs=loaded.formats,
         tokenizer=tokenizer.description if tokenizer else None,
-        chat_template=renderer.name if _has_chats(loaded) else None,
+        chat_template=renderer.description if _has_chats(loaded) else None,
         replay_mode=settings.mode,
         requests=whole.requests.height,
         prompt_tokens=int(prompt_lengths.sum()),
