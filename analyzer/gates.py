@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.diagnose.losses import CATEGORIES
 from analyzer.errors import PrefixcheckError
 
 ENGINES = ("vllm", "sglang")
@@ -29,6 +30,9 @@ class LossLimit:
                 f"--max-loss {text!r}: expected KIND=TOKENS or KIND=PERCENT% (e.g. alignment=5%)"
             )
         kind, number, percent = match.groups()
+        if kind not in CATEGORIES:
+            known = ", ".join(sorted(CATEGORIES))
+            raise PrefixcheckError(f"--max-loss {text!r}: unknown loss {kind!r}; known: {known}")
         value = float(number)
         if percent and value > 100:
             raise PrefixcheckError(f"--max-loss {text!r}: a percentage is at most 100%")

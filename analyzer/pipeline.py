@@ -12,6 +12,7 @@ import polars as pl
 
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
+from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -44,12 +45,19 @@ class AnalyzeOptions:
     settings: ReplaySettings = field(default_factory=ReplaySettings)
     top_prefixes: int = 10
     redact: bool = False
-    what_if: tuple[str, ...] = ()  # --what-if: named fixes to replay
+    what_if: tuple[WhatIfSpec | str, ...] = ()  # --what-if: named fixes to replay
     model_preset: str = DEFAULT_ESTIMATE_PRESET  # the model shape of the prefill estimate
     # Logs with more prompt tokens stream through the engines chunk by chunk; the diagnosis
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
+
+    def __post_init__(self) -> None:
+        """What-ifs parsed (if given as text) and checked against the settings before any read."""
+        specs = tuple(s if isinstance(s, WhatIfSpec) else WhatIfSpec.parse(s) for s in self.what_if)
+        for spec in specs:
+            spec.check(self.settings)
+        object.__setattr__(self, "what_if", specs)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def test_export_trace_chains_block_ids_like_vllm(tmp_path: Path) -> None:
         [None, None, "t"],
     )
     trace = tmp_path / "trace.jsonl"
-    result = invoke("export-trace", log, "--block-size", "16", "-o", trace)
+    result = invoke("export-trace", log, "--hash-id-tokens", "16", "-o", trace)
     assert result.exit_code == 0, result.output
     assert "wrote 3 requests" in result.output
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -142,7 +142,7 @@ def test_export_trace_chains_block_ids_like_vllm(tmp_path: Path) -> None:
 def test_exported_trace_replays_to_the_same_vllm_hits(tmp_path: Path) -> None:
     log = chat_log(tmp_path / "c.jsonl", [f"question {i % 3}" for i in range(6)])
     trace = tmp_path / "trace.jsonl"
-    assert invoke("export-trace", log, "--block-size", "16", "-o", trace).exit_code == 0
+    assert invoke("export-trace", log, "--hash-id-tokens", "16", "-o", trace).exit_code == 0
     direct, replayed = tmp_path / "direct.json", tmp_path / "replayed.json"
     assert invoke("analyze", log, "--json", direct, "--quiet").exit_code == 0
     result = invoke("analyze", trace, "--hash-block-size", "16", "--json", replayed, "--quiet")
