@@ -5,10 +5,17 @@ does for one request after another (checked against the oracle that runs it): ma
 L-1 in whole pages, splits, locks, the allocator's eviction triggers (page size 1; paged prefill's
 one extra page per request; decode's ``check_decode_mem`` and paged decode's page demand even
 mid-page), chunked prefill with a checkpoint per chunk, the insert on release (all N outputs after
-a stop under the overlap scheduler, N-1 after ``max_tokens``), the prompt/output split, eviction
-under every policy, the waiting-prefix LRU refresh on every 32nd scheduling pass, namespaces.
+a stop under the overlap scheduler, N-1 after ``max_tokens`` or with ``overlap_schedule`` off:
+``--disable-overlap-schedule``), the prompt/output split, each request's ``priority`` on every
+insert (+1 on the prompt split), eviction under every policy (``tlru`` and ``slru`` with their
+``--radix-eviction-policy-config``), the match capped at ``logprob_start_len``
+(``Workload.hit_limit``), the waiting-prefix LRU refresh on every 32nd scheduling pass,
+namespaces.
 
-SGLang has no oracle for concurrency; ``max_in_flight=K > 1`` or a ``time_model`` replays a model:
+``max_in_flight=K > 1`` or a ``time_model`` replays a model, checked against SGLang 0.5.23's own
+``Scheduler`` event loop (``tests/golden/sglang_scheduler/driver.py``; without the overlap
+scheduler it is exact at 2 and 8 in flight with an unbounded pool and at 2 with a tight one, not
+with a tight pool and many in flight, chunked prefill in flight, or the overlap scheduler):
 
 - FCFS admission. Each scheduling pass (an instant when requests wait and a slot is free) counts
   for the waiting-prefix refresh, which touches up to 128 waiting prompts, the head last.
