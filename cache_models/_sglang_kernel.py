@@ -7,6 +7,13 @@ deletion: every change to a node's key or evictability gives it a new version, a
 carrying the current version counts. The replay stops before a request when node rows or arena room
 run short; the caller grows them and resumes, so memory follows the live tree and the pool, not the
 log. The tree is a handful of arrays because every call passes (and reference-counts) each one.
+
+The server settings follow the reference exactly: each request's ``priority`` goes into every
+insert (``UnifiedRadixCache`` inserts with ``req.priority or 0``, the prompt split with + 1);
+``hit_limit`` caps the match (``Req._compute_max_prefix_len``: ``logprob_start_len`` under
+``return_logprob``); ``overlap`` False (``--disable-overlap-schedule``) makes a stop finish insert
+N-1 outputs; ``tlru`` keeps DEPTH and HISTORY per node (``_set_tlru_lens_and_raise_history``) and
+``slru``/``tlru`` read their ``--radix-eviction-policy-config`` from ``Tree.ints``.
 """
 
 from __future__ import annotations

@@ -484,7 +484,12 @@ def replay_lock_step(
 ) -> Pool:
     """vLLM's Scheduler.schedule step by step (see ``vllm_apc``): the running requests' next
     chunks or decode tokens first, preempting the newest running request when blocks run out;
-    FCFS admission of first chunks in steps without a preemption, while budget is left."""
+    FCFS admission of first chunks in steps without a preemption, while budget is left.
+
+    ``budget`` is ``--max-num-batched-tokens`` (vLLM's default is the GPU's, ``NO_BUDGET`` for
+    none), ``threshold`` ``--long-prefill-token-threshold`` (default 0, off; applied only while
+    more than one request runs or waits), ``skip`` the requests with ``prompt_logprobs``
+    (``skip_reading_prefix_cache``: no lookup)."""
     n = len(runnable)
     prompt_len = p_off[1:] - p_off[:-1]
     n_out = o_off[1:] - o_off[:-1]
