@@ -324,11 +324,14 @@ class ReferenceReplay:
         pending = deque(range(self.workload.n_requests))
         waiting: deque[int] = deque()
         running: list[Request] = []
-        while pending or waiting or running:
-            while pending and len(running) + len(waiting) < k:
+        self.chunked: Request | None = None  # the request whose prefill continues next pass
+        while pending or waiting or running or self.chunked:
+            in_flight = len(running) + len(waiting) + (self.chunked is not None)
+            while pending and in_flight < k:
                 i = pending.popleft()
                 if not self._reject_if_too_big(i):
                     waiting.append(i)
+                    in_flight += 1
             admitted = self._prefill_pass(waiting, running, k)
             if admitted:
                 continue
@@ -336,20 +339,60 @@ class ReferenceReplay:
                 self._charge(req.index, lambda r=req: self._decode_or_finish(r, running))
 
     def _prefill_pass(self, waiting: deque[int], running: list[Request], k: int) -> bool:
-        """Admit FCFS from the head of the queue; prefill the admitted ones in order."""
-        if not waiting or len(running) >= k:
-            return False
-        self.touch_waiting(list(islice(waiting, WAITING_PREFIX_REFRESH_MAX)))
-        batch: list[Request] = []
-        while waiting and len(running) + len(batch) < k:
-            req = self._admit_charged(waiting[0], running + batch)
-            if req is None:
-                break
-            waiting.popleft()
-            batch.append(req)
-        for req in batch:
-            self._charge(req.index, lambda r=req: self._prefill_and_maybe_finish(r, running))
-        return bool(batch)
+        """One prefill batch (``PrefillAdder``): the chunked request's next chunk, then FCFS
+        admissions from the head of the queue while the batch's token budget lasts (with
+        chunked prefill, ``--chunked-prefill-size`` tokens: the request it runs out on gets a
+        first chunk and continues next pass). Every admitted request matches before any of the
+        batch is prefilled."""
+        chunk = self.config.chunked_prefill_size
+        ps = self.page_size
+        budget = chunk if chunk > 0 else 1 << 62
+        carried = self.chunked
+        if carried is not None:
+            budget -= min(carried.prompt_len - carried.allocated, chunk)
+        batch: list[tuple[Request, int]] = []
+        in_flight = len(running) + (carried is not None)
+        if waiting and in_flight < k and budget > 0:
+            self.touch_waiting(list(islice(waiting, WAITING_PREFIX_REFRESH_MAX)))
+            while waiting and in_flight + len(batch) < k and budget > 0:
+                req = self._admit_charged(waiting[0], running + [r for r, _ in batch])
+                if req is None:
+                    break
+                extend = _ceil_div(req.prompt_len - req.hit, ps) * ps
+                end = req.prompt_len
+                if extend > budget:  # truncated to what the batch has left, in whole pages
+                    end = req.hit + budget // ps * ps
+                    if end <= req.hit:
+                        self.tree.unlock(req.node)
+                        break
+                waiting.popleft()
+                batch.append((req, end))
+                budget -= extend
+                if end < req.prompt_len:
+                    break
+        if carried is not None:
+            end = min(carried.allocated + chunk, carried.prompt_len)
+            self._charge(carried.index, lambda: self._prefill_to(carried, end, running))
+        for req, end in batch:
+            self._charge(req.index, lambda r=req, e=end: self._prefill_to(r, e, running))
+        return carried is not None or bool(batch)
+
+    def _prefill_to(self, req: Request, end: int, running: list[Request]) -> None:
+        """Prefill up to ``end``: a chunk that does not end the prompt is checkpointed and
+        continues next pass; a whole prompt is as in ``_prefill_and_maybe_finish``."""
+        if end < req.prompt_len:
+            self.alloc_extend(req, end)
+            self.checkpoint(req, end)
+            self.chunked = req
+            return
+        if self.chunked is req:
+            self.chunked = None
+        self.alloc_extend(req, end)
+        if req.steps > 0:
+            self.checkpoint(req, req.prompt_len)
+            running.append(req)
+        else:
+            self.release(req)
 
     def _admit_charged(self, i: int, running: list[Request]) -> Request | None:
         result: list[Request | None] = []

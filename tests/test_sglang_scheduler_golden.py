@@ -3,11 +3,10 @@
 runner, a closed loop of K clients, without the overlap scheduler).
 
 The concurrency model equals it on every request for 2 and 8 in flight with an unbounded pool,
-page sizes 1 and 16, and for 2 in flight with a tight pool. Where it does not (8 in flight with a
-tight pool: SGLang's admission estimates decode growth with its ``new_token_ratio`` and retracts,
-the model reserves every request's whole remaining KV; chunked prefill with requests in flight;
-the overlap scheduler), the cases are stored but not asserted: ``KNOWN_APART`` lists them and the
-README gives the figures."""
+page sizes 1 and 16, chunked prefill with 4 in flight, and 2 in flight with a tight pool. Where it
+does not (8 in flight with a tight pool: SGLang's admission estimates decode growth with its
+``new_token_ratio`` and retracts, the model reserves every request's whole remaining KV), the
+cases are stored but not asserted: ``known_apart`` names them and the README gives the figures."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ FILES = sorted((Path(__file__).parent / "golden" / "sglang").glob("scheduler_*.j
 def known_apart(case: dict[str, Any]) -> bool:
     """The configurations the model does not follow exactly (see the module docstring)."""
     tight_and_busy = case["capacity_tokens"] is not None and case["max_in_flight"] > 2
-    return tight_and_busy or case["chunk"] > 0 or case["overlap_schedule"]
+    return tight_and_busy or case["overlap_schedule"]
 
 
 def config(case: dict[str, Any]) -> SglangConfig:
@@ -50,9 +49,10 @@ def test_goldens_cover_requests_in_flight() -> None:
     cases = [c for path in FILES for c in load(path)["cases"]]
     exact = [c for c in cases if not known_apart(c)]
     assert len(FILES) >= 2 and len(exact) >= 10
-    assert {c["max_in_flight"] for c in exact} == {2, 8}
+    assert {c["max_in_flight"] for c in exact} >= {2, 8}
     assert {c["page_size"] for c in exact} == {1, 16}
     assert any(c["capacity_tokens"] for c in exact)
+    assert any(c["chunk"] > 0 for c in exact)
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
