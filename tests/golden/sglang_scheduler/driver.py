@@ -79,10 +79,15 @@ def build_scheduler(options: dict[str, Any]) -> Any:
 
 
 class StubForward:
-    """The model: each request's next token is the next one of its recorded answer."""
+    """The model: each request's next token is the next one of its recorded answer.
+
+    Under the overlap scheduler a forward is launched before the previous one's tokens reach
+    ``req.output_ids``, so the position is counted here: one per forward that samples a token
+    the scheduler keeps (not a chunk that leaves the prompt unfinished)."""
 
     def __init__(self, answers: dict[str, list[int]]) -> None:
         self.answers = answers
+        self.sampled: dict[str, int] = {}
 
     def __call__(self, batch: Any, **_: Any) -> Any:
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -90,8 +95,12 @@ class StubForward:
         tokens = []
         for req in batch.reqs:
             answer = self.answers[req.rid]
-            n = len(req.output_ids)
-            tokens.append(answer[n] if n < len(answer) else answer[-1])
+            if getattr(req, "is_chunked", 0) > 0:
+                tokens.append(answer[0])  # a partial prefill chunk: discarded
+                continue
+            n = max(self.sampled.get(req.rid, 0), len(req.output_ids))
+            tokens.append(answer[min(n, len(answer) - 1)])
+            self.sampled[req.rid] = n + 1
         return GenerationBatchResult(
             next_token_ids=torch.tensor(tokens, dtype=torch.int64),
             can_run_cuda_graph=False,
@@ -135,11 +144,13 @@ def run(
     options: dict[str, Any],
     overlap: bool,
     clients: int | None = None,
+    think_steps: int = 0,
 ) -> list[int]:
     """Each request's ``cached_tokens`` after SGLang's own event loop served them all.
 
     ``clients`` = K: a closed loop of K clients (a request arrives, in order, whenever fewer than K
-    are unfinished); None: every request arrives at its ``arrive_step`` (default 0)."""
+    are unfinished, ``think_steps`` loop iterations after the finish that freed its client);
+    None: every request arrives at its ``arrive_step`` (default 0)."""
     scheduler = build_scheduler({**options, "disable_overlap_schedule": not overlap})
     forward = StubForward({f"r{i}": list(q["output"]) for i, q in enumerate(requests)})
     scheduler.model_worker.forward_batch_generation = forward
@@ -154,11 +165,16 @@ def run(
     scheduler._add_request_to_queue = capture
     pending = list(enumerate(requests))
     loop = {"step": 0}
+    finished_at: dict[str, int] = {}
 
     def ingest() -> None:  # one call per loop iteration: arrivals, and the end
         step = loop["step"]
+        for r in reqs:
+            if r.finished():
+                finished_at.setdefault(r.rid, step)
+        thinking = sum(step - at < think_steps for at in finished_at.values())
         while pending and (
-            sum(not r.finished() for r in reqs) < clients
+            sum(not r.finished() for r in reqs) + thinking < clients
             if clients
             else pending[0][1].get("arrive_step", 0) <= step
         ):
