@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.diagnose.losses import CATEGORIES
+from analyzer.engines import ENGINES
 from analyzer.errors import PrefixcheckError
 
-ENGINES = ("vllm", "sglang")
 _LOSS_LIMIT = re.compile(r"^\s*([a-z_]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
 
 

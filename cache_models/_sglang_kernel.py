@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from cache_models import engine_rules as rules
 from cache_models.config import SglangConfig
 from cache_models.workload import Workload
 
@@ -609,9 +610,9 @@ def replay_sequential(
         p0, p1 = prompt_offsets[i], prompt_offsets[i + 1]
         o0, o1 = output_offsets[i], output_offsets[i + 1]
         prompt_len, n_out = p1 - p0, o1 - o0
-        steps = n_out if stop_finish[i] else n_out - 1
+        steps = rules.sglang_kv_steps(n_out, stop_finish[i])
         final_len = prompt_len + steps
-        if bounded and (final_len + ps - 1) // ps > capacity_pages:
+        if rules.never_fits(final_len, ps, capacity_pages if bounded else -1):
             rejected[i] = 1
             continue
         room = len(t.arena) - t.ints[ARENA_TOP]
@@ -631,13 +632,7 @@ def replay_sequential(
         protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
         start, is_first = matched, True
         while True:  # prefill chunks (PrefillAdder)
-            remaining = prompt_len - start
-            if chunk > 0 and is_first and (remaining + ps - 1) // ps * ps > chunk:
-                end = (start + chunk // ps * ps) // ps * ps
-            elif chunk > 0 and not is_first and remaining > chunk:
-                end = start + chunk
-            else:
-                end = prompt_len
+            end = rules.chunk_end(start, prompt_len, chunk, ps, is_first)
             is_first = False
             _alloc_extend(t, start, end, bounded, ps, policy)
             if end >= prompt_len:
@@ -687,7 +682,7 @@ def replay(
     bounded = config.capacity_tokens is not None
     ps = config.page_size
     policy = POLICY_CODES[config.eviction_policy] if bounded else NO_EVICTION
-    capacity_pages = (config.capacity_tokens or 0) // ps
+    capacity_pages = config.usable_pages or 0
     n = workload.n_requests
     out = {name: np.zeros(n, np.int64) for name in ("hit", *COUNTERS)}
     lengths = workload.prompt_lengths + workload.output_lengths

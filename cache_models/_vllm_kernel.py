@@ -32,6 +32,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from cache_models import engine_rules as rules
+
 # The numpy error model drops the division-by-zero checks (block size and rates are validated
 # positive by the config), which makes the hot loops about 1.5x faster.
 jit = njit(cache=True, error_model="numpy")
@@ -612,8 +614,8 @@ def replay_in_time(
                 request_keys(p_tok, p_off, o_tok, o_off, namespace[r], r, block_size, head_keys)
                 head_req = r
             prompt_len = p_off[r + 1] - p_off[r]
-            peak_tokens = prompt_len + o_off[r + 1] - o_off[r] - 1
-            peak = (peak_tokens + block_size - 1) // block_size
+            peak_tokens = rules.vllm_peak_tokens(prompt_len, o_off[r + 1] - o_off[r])
+            peak = rules.ceil_div(peak_tokens, block_size)
             slots, s = next_slot(slots)
             table = slots.tables[s]
             n_hit = lookup(pool, head_keys, (prompt_len - 1) // block_size, table)

@@ -53,6 +53,7 @@ from typing import Literal
 import numpy as np
 
 from cache_models import _vllm_kernel as kernel
+from cache_models import engine_rules as rules
 from cache_models.config import TimeModel, VllmConfig
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
@@ -121,8 +122,8 @@ class VllmSession:
 
 def _peak_blocks(workload: Workload, block_size: int) -> np.ndarray:
     """Blocks each request holds at its peak: prompt plus all outputs but the last."""
-    peak_tokens = workload.prompt_lengths + workload.output_lengths - 1
-    return -(-peak_tokens // block_size)
+    peak_tokens = rules.vllm_peak_tokens(workload.prompt_lengths, workload.output_lengths)
+    return rules.ceil_div(peak_tokens, block_size)
 
 
 def _result(
@@ -148,7 +149,7 @@ def _replay_fast(
     """Run the numba kernel of ``config``'s replay mode from ``pool`` (None: an empty cache)."""
     size = config.block_size
     peaks = _peak_blocks(workload, size)
-    limit = kernel.UNBOUNDED if config.capacity_tokens is None else config.capacity_tokens // size
+    limit = kernel.UNBOUNDED if config.usable_blocks is None else config.usable_blocks
     if pool is None:
         pool = kernel.new_pool(limit, min(limit + 1, 1024))
     runnable = peaks <= limit
@@ -420,7 +421,7 @@ class ReferenceReplay:
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         size = config.block_size
-        self.usable = None if config.capacity_tokens is None else config.capacity_tokens // size
+        self.usable = config.usable_blocks
         self.kv = KVCacheManager(size, None if self.usable is None else self.usable + 1)
         self.keys = BlockKeys(size)
 

@@ -12,10 +12,10 @@ from rich.text import Text
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.model import Diagnosis
+from analyzer.engines import ENGINE_LABELS
 
 CURVE_ROWS = 10
 EIGHTHS = " ▏▎▍▌▋▊▉"
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 STYLES = {"vllm": "cyan", "sglang": "magenta"}
 
 
@@ -45,7 +45,7 @@ def _losses(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
     table = Table(title="Recomputed prompt tokens by cause", box=box.SIMPLE, title_justify="left")
     table.add_column("cause")
     for engine in diagnosis.losses:
-        table.add_column(f"{LABELS[engine]} tokens", justify="right")
+        table.add_column(f"{ENGINE_LABELS[engine]} tokens", justify="right")
         table.add_column("share", justify="right")
     for name in CATEGORIES:
         cells = []
@@ -90,7 +90,7 @@ def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Tab
     )
     table.add_column("capacity", justify="right")
     for engine in curves:
-        table.add_column(LABELS[engine])
+        table.add_column(ENGINE_LABELS[engine])
     for capacity in _chart_capacities(curves):
         cells = []
         for engine, curve in curves.items():
@@ -100,11 +100,11 @@ def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Tab
     checks = []
     for engine, curve in curves.items():
         error = curve.max_abs_error(prompt_tokens)
-        checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
+        checks.append(f"{ENGINE_LABELS[engine]} ±{error:.1%} vs replays")
         for point in curve.checks:
             if point.belady_hit_tokens is not None and prompt_tokens:
                 checks.append(
-                    f"{LABELS[engine]} at {point.capacity_tokens:,}: LRU "
+                    f"{ENGINE_LABELS[engine]} at {point.capacity_tokens:,}: LRU "
                     f"{point.replay_hit_tokens / prompt_tokens:.1%}, Belady bound "
                     f"{point.belady_hit_tokens / prompt_tokens:.1%}"
                 )
@@ -138,7 +138,7 @@ def _size_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
     table.add_column("size", justify="right")
     sweep = diagnosis.size_sweep
     for engine in sweep:
-        table.add_column(LABELS[engine])
+        table.add_column(ENGINE_LABELS[engine])
     sizes = sorted({p.size for points in sweep.values() for p in points})
     for size in sizes:
         cells = []
@@ -164,7 +164,7 @@ def _what_if(diagnosis: Diagnosis) -> Table:
             after = gain.hit_tokens_after / gain.prompt_tokens_after
             table.add_row(
                 item.name,
-                LABELS[engine],
+                ENGINE_LABELS[engine],
                 f"{before:.1%} → {after:.1%}",
                 f"{gain.recomputed_tokens_saved:+,}",
             )

@@ -7,8 +7,8 @@ from html import escape
 from typing import Any
 
 from analyzer.diagnose.charts import Series, bar_chart, line_chart, stacked_bars
+from analyzer.engines import ENGINE_LABELS
 
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 ENGINE_COLORS = {"vllm": "#1f77b4", "sglang": "#d62728"}
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 980px; color: #222; }
@@ -86,7 +86,7 @@ def _engines(report: dict[str, Any]) -> str:
     if belady:
         extra = (
             "<p class='note'>Belady bound at the configured capacity: "
-            + ", ".join(f"{LABELS[e]} {b['hit_rate']:.1%}" for e, b in belady.items())
+            + ", ".join(f"{ENGINE_LABELS[e]} {b['hit_rate']:.1%}" for e, b in belady.items())
             + f". {escape(bounds.get('belady_definition', ''))}</p>"
         )
     return (
@@ -105,7 +105,7 @@ def _losses(report: dict[str, Any]) -> str:
         for kind in kinds
     ]
     bars = {
-        LABELS[e]: [("hit", report["engines"][e]["hit_rate"])]
+        ENGINE_LABELS[e]: [("hit", report["engines"][e]["hit_rate"])]
         + [(kind.replace("_", " "), losses[e][kind]["share"]) for kind in kinds]
         for e in losses
     }
@@ -116,7 +116,7 @@ def _losses(report: dict[str, Any]) -> str:
     return (
         "<h2>Recomputed prompt tokens by cause</h2>"
         + stacked_bars(bars)
-        + _table(["cause", *(LABELS[e] for e in losses)], rows)
+        + _table(["cause", *(ENGINE_LABELS[e] for e in losses)], rows)
         + f"<ul class='note'>{definitions}</ul>"
     )
 
@@ -176,7 +176,7 @@ def _capacity(report: dict[str, Any]) -> str:
         checks = curve["checks"]
         series.append(
             Series(
-                f"{LABELS[engine]} LRU",
+                f"{ENGINE_LABELS[engine]} LRU",
                 points,
                 [(p["capacity_tokens"], p["replay_hit_rate"]) for p in checks],
                 "replay",
@@ -185,7 +185,7 @@ def _capacity(report: dict[str, Any]) -> str:
         )
         series.append(
             Series(
-                f"{LABELS[engine]} Belady bound",
+                f"{ENGINE_LABELS[engine]} Belady bound",
                 [(p["capacity_tokens"], p["belady_hit_rate"]) for p in checks],
                 dashed=True,
                 color=color,
@@ -194,7 +194,7 @@ def _capacity(report: dict[str, Any]) -> str:
     configured = report["engines"]["vllm"]["config"].get("capacity_tokens")
     chart = line_chart(series, "KV capacity (tokens, log scale)", "token hit rate", configured)
     rows = [
-        [LABELS[engine], f"{curve['max_abs_error']:.2%}", f"{curve['working_set_tokens']:,}"]
+        [ENGINE_LABELS[engine], f"{curve['max_abs_error']:.2%}", f"{curve['working_set_tokens']:,}"]
         + [f"{v:,}" for v in curve["capacity_needed"].values()]
         for engine, curve in curves.items()
     ]
@@ -215,7 +215,7 @@ def _sizes(report: dict[str, Any]) -> str:
     sweep = report["block_size_sweep"]
     sizes = sorted({p["size"] for points in sweep.values() for p in points})
     groups = {
-        f"{LABELS[e]} ({'block' if e == 'vllm' else 'page'})": [
+        f"{ENGINE_LABELS[e]} ({'block' if e == 'vllm' else 'page'})": [
             next((p["hit_rate"] for p in points if p["size"] == s), None) for s in sizes
         ]
         for e, points in sweep.items()
@@ -227,7 +227,7 @@ def _sizes(report: dict[str, Any]) -> str:
 
 def _gain_cells(measured: dict[str, Any]) -> str:
     return "; ".join(
-        f"{LABELS[e]} {g['hit_rate_before']:.1%} → {g['hit_rate_after']:.1%} "
+        f"{ENGINE_LABELS[e]} {g['hit_rate_before']:.1%} → {g['hit_rate_after']:.1%} "
         f"({g['recomputed_tokens_saved']:+,} tokens)"
         for e, g in measured.items()
     )

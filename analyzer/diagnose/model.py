@@ -10,6 +10,7 @@ from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.measure import Gain
 from analyzer.diagnose.sweep import SweepPoint
+from analyzer.shares import share
 
 if TYPE_CHECKING:
     from analyzer.report import Recommendation
@@ -40,7 +41,7 @@ class EngineLosses:
 
     def to_dict(self, prompt_tokens: int) -> dict[str, Any]:
         return {
-            name: {"tokens": tokens, "share": _share(tokens, prompt_tokens)}
+            name: {"tokens": tokens, "share": share(tokens, prompt_tokens)}
             for name, tokens in self.tokens.items()
         }
 
@@ -90,14 +91,14 @@ class Diagnosis:
         bounds: dict[str, Any] = {
             "ceiling": {
                 "hit_tokens": ceiling_hit_tokens,
-                "hit_rate": _share(ceiling_hit_tokens, prompt_tokens),
+                "hit_rate": share(ceiling_hit_tokens, prompt_tokens),
                 "definition": LOSS_DEFINITIONS["ceiling"],
             },
             "belady": None,
         }
         if self.belady is not None:
             bounds["belady"] = {
-                engine: {"hit_tokens": hits, "hit_rate": _share(hits, prompt_tokens)}
+                engine: {"hit_tokens": hits, "hit_rate": share(hits, prompt_tokens)}
                 for engine, hits in self.belady.items()
             }
             bounds["belady_definition"] = (
@@ -134,7 +135,7 @@ class Diagnosis:
                     {
                         "size": p.size,
                         "hit_tokens": p.hit_tokens,
-                        "hit_rate": _share(p.hit_tokens, prompt_tokens),
+                        "hit_rate": share(p.hit_tokens, prompt_tokens),
                     }
                     for p in points
                 ]
@@ -143,7 +144,3 @@ class Diagnosis:
             "upper_bounds": bounds,
             "what_if": [item.to_dict() for item in self.what_if],
         }
-
-
-def _share(part: int, whole: int) -> float:
-    return part / whole if whole else 0.0
