@@ -5,17 +5,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from analyzer.diagnose.model import Diagnosis, Recommendation
 from analyzer.errors import Skip
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
 from analyzer.server_compare import ServerComparison
 from analyzer.shares import share
-
-if TYPE_CHECKING:
-    from analyzer.diagnose.model import Diagnosis
 
 SCHEMA_VERSION = 1
 SKIP_EXAMPLES = 5
@@ -72,14 +71,6 @@ class PrefixSummary:
 
 
 @dataclass(frozen=True)
-class Recommendation:
-    kind: str
-    summary: str
-    details: dict[str, Any] = field(default_factory=dict)
-    measured: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
 class SkipSummary:
     count: int
     reasons: dict[str, int]
@@ -128,6 +119,11 @@ class Report:
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
+
+    @cached_property
+    def json(self) -> dict[str, Any]:
+        """``to_dict()``, computed once: what the JSON file, the gates and the CI renderers read."""
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (stable keys)."""

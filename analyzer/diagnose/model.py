@@ -4,16 +4,13 @@ measured recommendations and what-ifs, with their JSON form."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.measure import Gain
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.shares import share
-
-if TYPE_CHECKING:
-    from analyzer.report import Recommendation
 
 LOSS_DEFINITIONS = {
     "never_seen": "(L - 1) - the ceiling with salts removed and dynamic values made constant: "
@@ -30,6 +27,14 @@ LOSS_DEFINITIONS = {
     "eviction": "the engine's hits with unbounded capacity - its hits at the configured capacity",
     "ceiling": "the ideal cache: unbounded, token-exact, every prompt and cacheable answer kept",
 }
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    kind: str
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

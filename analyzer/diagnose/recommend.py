@@ -11,7 +11,7 @@ import numpy as np
 
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.measure import Gain, Scenario, gains, replay_many
-from analyzer.diagnose.model import DynamicSite
+from analyzer.diagnose.model import DynamicSite, Recommendation
 from analyzer.diagnose.plans import (
     Context,
     PadTarget,
@@ -23,7 +23,6 @@ from analyzer.diagnose.plans import (
 )
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.engines import ENGINE_LABELS
-from analyzer.report import Recommendation
 
 MIN_GAIN_SHARE = 0.002
 MAX_PAD_TARGETS = 4

@@ -8,6 +8,8 @@ from typing import Any
 
 from analyzer.diagnose.charts import Series, bar_chart, line_chart, stacked_bars
 from analyzer.engines import ENGINE_LABELS
+from analyzer.report import Report
+from cli.outputs import as_json
 
 ENGINE_COLORS = {"vllm": "#1f77b4", "sglang": "#d62728"}
 STYLE = """
@@ -22,8 +24,9 @@ td.text { font-family: monospace; max-width: 420px; overflow: hidden; white-spac
 """
 
 
-def html_report(report: dict[str, Any]) -> str:
-    """The whole report as one HTML page."""
+def html_report(report: Report | dict[str, Any]) -> str:
+    """The whole report as one HTML page (from its JSON form)."""
+    report = as_json(report)
     prompt = report["prompt_tokens"]
     sections = [
         f"<h1>prefixcheck</h1><p>{report['requests']:,} requests, {prompt:,} prompt tokens, "
