@@ -5,8 +5,9 @@ tokens are a span of one token arena. Children are found through an open-address
 (parent, namespace, first page). Evictable leaves sit in a persistent binary heap with lazy
 deletion: every change to a node's key or evictability gives it a new version, and only the entry
 carrying the current version counts. The replay stops before a request when node rows or arena room
-run short; the caller grows them and resumes, so memory follows the live tree and the pool, not the
-log. The tree is a handful of arrays because every call passes (and reference-counts) each one.
+run short; the caller (``sglang_radix._replay_fast``, the adapter) grows them and resumes, so
+memory follows the live tree and the pool, not the log. The tree is a handful of arrays because
+every call passes (and reference-counts) each one.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import numpy as np
 from numba import njit
 
 from cache_models import engine_rules as rules
-from cache_models.config import SglangConfig
-from cache_models.workload import Workload
 
 POLICY_CODES = {"lru": 0, "lfu": 1, "fifo": 2, "mru": 3, "filo": 4, "priority": 5, "slru": 6}
 LRU, LFU, FIFO, MRU, FILO, BY_PRIORITY, SLRU = range(7)
@@ -574,7 +573,7 @@ def _decode(t: Tree, start: int, steps: int, bounded: bool, ps: int, policy: int
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _nodes_needed(prompt_len: int, chunk: int) -> int:
+def nodes_needed(prompt_len: int, chunk: int) -> int:
     chunks = prompt_len // chunk + 2 if chunk > 0 else 1
     return 2 + 3 * (chunks + 2)
 
@@ -616,7 +615,7 @@ def replay_sequential(
             rejected[i] = 1
             continue
         room = len(t.arena) - t.ints[ARENA_TOP]
-        if t.ints[FREE_TOP] < _nodes_needed(prompt_len, chunk) or room < prompt_len + n_out:
+        if t.ints[FREE_TOP] < nodes_needed(prompt_len, chunk) or room < prompt_len + n_out:
             return i
         buf[:prompt_len] = prompt_tokens[p0:p1]
         buf[prompt_len : prompt_len + n_out] = output_tokens[o0:o1]
@@ -672,50 +671,3 @@ def _compact_arena(t: Tree, old_arena: np.ndarray) -> None:
             t.nodes[n, KEY_START] = top
             top += length
     t.ints[ARENA_TOP] = top
-
-
-def replay(
-    config: SglangConfig, workload: Workload, tree: Tree | None = None
-) -> tuple[dict[str, np.ndarray], Tree]:
-    """Sequential replay from ``tree`` (None: an empty cache): the per-request hit and counters,
-    and the tree it leaves."""
-    bounded = config.capacity_tokens is not None
-    ps = config.page_size
-    policy = POLICY_CODES[config.eviction_policy] if bounded else NO_EVICTION
-    capacity_pages = config.usable_pages or 0
-    n = workload.n_requests
-    out = {name: np.zeros(n, np.int64) for name in ("hit", *COUNTERS)}
-    lengths = workload.prompt_lengths + workload.output_lengths
-    longest = int(lengths.max()) if n else 0
-    if tree is None:
-        tree = new_tree(INITIAL_ROWS, max(4 * longest, INITIAL_ARENA), capacity_pages * ps)
-    buf = np.zeros(longest, np.int32)
-    inputs = workload.kernel_inputs()
-    refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
-    chunk = config.chunked_prefill_size
-    first = 0
-    while first < n:
-        first = replay_sequential(
-            tree,
-            *inputs,
-            first,
-            bounded,
-            capacity_pages,
-            ps,
-            chunk,
-            refresh,
-            policy,
-            out["hit"],
-            *(out[name] for name in COUNTERS),
-            buf,
-        )
-        if first < n:  # grow the rows or the arena, then resume at request ``first``
-            rows = len(tree.nodes)
-            if tree.ints[FREE_TOP] < _nodes_needed(int(workload.prompt_lengths[first]), chunk):
-                rows *= 2
-            live = int(tree.ints[EVICTABLE] + tree.ints[PROTECTED])
-            arena = len(tree.arena)
-            if 2 * (live + int(lengths[first])) > arena:
-                arena = 2 * (live + int(lengths[first]))
-            tree = grown(tree, rows, arena, ps, policy)
-    return out, tree

@@ -38,7 +38,7 @@ def check(golden: dict[str, Any], engine: str) -> None:
     """Every configuration of one golden workload, request by request."""
     workload = to_workload(golden["requests"])
     for case in golden["configs"]:
-        result = VllmPrefixCache(config_of(case), engine=engine).replay(workload)  # type: ignore[arg-type]
+        result = VllmPrefixCache(config_of(case), implementation=engine).replay(workload)  # type: ignore[arg-type]
         where = f"seed {golden['seed']} B={case['block_size']} {case['capacity']} "
         where += f"blocks={case['num_blocks']} K={case['max_in_flight']}"
         np.testing.assert_array_equal(result.hit_tokens, case["hit"], err_msg=where)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.diagnose.measure import Scenario, replay_many, server_parts
+from analyzer.diagnose.scenarios import Scenario, replay_many, server_parts
 from analyzer.replay import ReplaySettings
 from cache_models import engine_rules as rules
 from cache_models.belady import belady_hit_blocks

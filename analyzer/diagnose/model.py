@@ -8,7 +8,7 @@ from typing import Any
 
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
-from analyzer.diagnose.measure import Gain
+from analyzer.diagnose.scenarios import Gain
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.shares import share
 

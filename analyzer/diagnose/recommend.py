@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from analyzer.diagnose.capacity import CapacityCurve
-from analyzer.diagnose.measure import Gain, Scenario, gains, replay_many
 from analyzer.diagnose.model import DynamicSite, Recommendation
 from analyzer.diagnose.plans import (
     Context,
@@ -21,6 +20,7 @@ from analyzer.diagnose.plans import (
     reorder_plan,
     salt_plan,
 )
+from analyzer.diagnose.scenarios import Gain, Scenario, gains, replay_many
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.engines import ENGINE_LABELS
 

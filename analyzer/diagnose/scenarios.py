@@ -1,4 +1,6 @@
-"""Measured gains: replay a changed workload or configuration through the same cache models.
+"""Scenarios: a changed workload or configuration replayed through the same pool of caches, and
+the gain it makes ("measured" in the report: replayed, not guessed; ``measure`` itself is the GPU
+mode).
 
 Independent replays run in forked worker processes when the log is big enough for that to pay.
 """
