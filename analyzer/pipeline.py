@@ -176,12 +176,7 @@ def report(
         ],
         recommendations=diagnosed.diagnosis.recommendations,
         diagnosis=diagnosed.diagnosis,
-        diagnosis_scope=DiagnosisScope(
-            requests=sample.workload.n_requests,
-            prompt_tokens=int(sample.workload.prompt_offsets[-1]),
-            ceiling_hit_tokens=replayed.sample_replays.ideal.total_hit_tokens,
-            whole_log=not replayed.streamed,
-        ),
+        diagnosis_scope=_diagnosis_scope(replayed),
         notes=tokenization_note(server_comparison)
         + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined, whole)
@@ -207,6 +202,24 @@ def report(
         per_request=_per_request(whole.requests, replays).hstack(losses),
         tokenized=sample,
         replays=replayed.sample_replays,
+    )
+
+
+def _diagnosis_scope(replayed: Replayed) -> DiagnosisScope:
+    """The requests the diagnosis covers (the leading sample when streamed) and their hits: the
+    denominator of every share the diagnosis shows."""
+    sample, replays = replayed.sample, replayed.sample_replays
+    return DiagnosisScope(
+        requests=sample.workload.n_requests,
+        prompt_tokens=int(sample.workload.prompt_offsets[-1]),
+        ceiling_hit_tokens=replays.ideal.total_hit_tokens,
+        whole_log=not replayed.streamed,
+        log_requests=replayed.log.requests.height,
+        log_prompt_tokens=int(replayed.log.requests["prompt_tokens"].sum()),
+        hit_tokens={
+            "vllm": int(replays.vllm.hit_tokens.sum()),
+            "sglang": int(replays.sglang.hit_tokens.sum()),
+        },
     )
 
 

@@ -9,7 +9,7 @@ from functools import cached_property
 from importlib import resources
 from typing import Any
 
-from analyzer.diagnose.model import Diagnosis, Recommendation
+from analyzer.diagnose.model import Diagnosis, DiagnosisScope, Recommendation
 from analyzer.errors import Skip
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
@@ -87,16 +87,6 @@ class SkipSummary:
 
 
 @dataclass(frozen=True)
-class DiagnosisScope:
-    """The requests the diagnosis covered: the whole log, or its leading sample when streamed."""
-
-    requests: int
-    prompt_tokens: int
-    ceiling_hit_tokens: int
-    whole_log: bool
-
-
-@dataclass(frozen=True)
 class Report:
     inputs: dict[str, str]
     tokenizer: str | None
@@ -125,6 +115,11 @@ class Report:
         """``to_dict()``, computed once: what the JSON file, the gates and the CI renderers read."""
         return self.to_dict()
 
+    @property
+    def alignment_share(self) -> float:
+        """The alignment loss as a share of the whole log's prompt tokens."""
+        return share(self.alignment_loss_tokens, self.prompt_tokens)
+
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (stable keys)."""
         return {
@@ -141,7 +136,7 @@ class Report:
             "ceiling": asdict(self.ceiling),
             "alignment_loss": {
                 "tokens": self.alignment_loss_tokens,
-                "share_of_prompt_tokens": share(self.alignment_loss_tokens, self.prompt_tokens),
+                "share_of_prompt_tokens": self.alignment_share,
                 "definition": "SGLang page-size-1 hits minus vLLM hits at the same capacity",
             },
             "block_size": self.block_size,
@@ -154,15 +149,10 @@ class Report:
             ),
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
-            "diagnosis_scope": asdict(self.diagnosis_scope) if self.diagnosis_scope else None,
+            "diagnosis_scope": self.diagnosis_scope.to_dict() if self.diagnosis_scope else None,
             **(
-                self.diagnosis.to_dict(
-                    self.diagnosis_scope.prompt_tokens,
-                    self.diagnosis_scope.ceiling_hit_tokens,
-                )
+                self.diagnosis.to_dict(self.diagnosis_scope)
                 if self.diagnosis and self.diagnosis_scope
-                else self.diagnosis.to_dict(self.prompt_tokens, self.ceiling.hit_tokens)
-                if self.diagnosis
                 else {}
             ),
         }

@@ -33,7 +33,8 @@ def export_trace_command(
     block_size: Annotated[int | None, typer.Option(hidden=True)] = None,  # the old name
 ) -> None:
     """Tokenize logs and write them as a hash-id trace (timestamp ms, input_length,
-    output_length, chained hash_ids) for vLLM's timed_trace benchmark, Dynamo or AIPerf."""
+    output_length, chained hash_ids; output_hash_ids over known answers) for vLLM's timed_trace
+    benchmark, Dynamo or AIPerf."""
     errors = Console(stderr=True)
     if block_size is not None:
         fail(errors, "export-trace --block-size is now --hash-id-tokens (tokens per hash id)")

@@ -10,6 +10,7 @@ from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.scenarios import Gain
 from analyzer.diagnose.sweep import SweepPoint
+from analyzer.engines import ENGINE_LABELS
 from analyzer.shares import share
 
 LOSS_DEFINITIONS = {
@@ -38,15 +39,63 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class DiagnosisScope:
+    """The requests the diagnosis covered: the whole log, or its leading sample when streamed.
+
+    It is the one denominator of every share the diagnosis shows (losses, curves, sweeps, bounds,
+    what-ifs): each renderer takes its shares and its description from here, so no table divides
+    a sample's tokens by the whole log's."""
+
+    requests: int
+    prompt_tokens: int
+    ceiling_hit_tokens: int
+    whole_log: bool
+    log_requests: int
+    log_prompt_tokens: int
+    hit_tokens: dict[str, int]  # each engine's hits on these requests (replayed with the log)
+
+    def share(self, tokens: float) -> float:
+        """``tokens`` as a share of the scope's prompt tokens."""
+        return share(tokens, self.prompt_tokens)
+
+    @property
+    def description(self) -> str:
+        """What the shares are over, in words, for the caption beside each table."""
+        if self.whole_log:
+            return (
+                f"over the whole log: {self.requests:,} requests, "
+                f"{self.prompt_tokens:,} prompt tokens"
+            )
+        rates = ", ".join(
+            f"{ENGINE_LABELS.get(engine, engine)} {self.share(hits):.1%}"
+            for engine, hits in self.hit_tokens.items()
+        )
+        return (
+            f"over the first {self.requests:,} requests, {self.prompt_tokens:,} prompt tokens "
+            f"({share(self.prompt_tokens, self.log_prompt_tokens):.1%} of the log's "
+            f"{self.log_prompt_tokens:,}), where the hit rates are {rates}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "share_of_log_prompt_tokens": share(self.prompt_tokens, self.log_prompt_tokens),
+            "hit_rate": {engine: self.share(hits) for engine, hits in self.hit_tokens.items()},
+            "ceiling_hit_rate": self.share(self.ceiling_hit_tokens),
+            "description": self.description,
+        }
+
+
+@dataclass(frozen=True)
 class EngineLosses:
     """One engine's recomputed prompt tokens by cause; they add up to prompt - hit tokens."""
 
     tokens: dict[str, int]
     clamped_requests: int
 
-    def to_dict(self, prompt_tokens: int) -> dict[str, Any]:
+    def to_dict(self, scope: DiagnosisScope) -> dict[str, Any]:
         return {
-            name: {"tokens": tokens, "share": share(tokens, prompt_tokens)}
+            name: {"tokens": tokens, "share": scope.share(tokens)}
             for name, tokens in self.tokens.items()
         }
 
@@ -91,19 +140,21 @@ class Diagnosis:
     what_if: list[WhatIf]
     eviction_policy: str
 
-    def to_dict(self, prompt_tokens: int, ceiling_hit_tokens: int) -> dict[str, Any]:
-        """The report's diagnosis keys (recommendations are the report's own key)."""
+    def to_dict(self, scope: DiagnosisScope) -> dict[str, Any]:
+        """The report's diagnosis keys (recommendations are the report's own key); every share is
+        over the scope's prompt tokens, the requests the diagnosis was measured on."""
+        prompt_tokens = scope.prompt_tokens
         bounds: dict[str, Any] = {
             "ceiling": {
-                "hit_tokens": ceiling_hit_tokens,
-                "hit_rate": share(ceiling_hit_tokens, prompt_tokens),
+                "hit_tokens": scope.ceiling_hit_tokens,
+                "hit_rate": scope.share(scope.ceiling_hit_tokens),
                 "definition": LOSS_DEFINITIONS["ceiling"],
             },
             "belady": None,
         }
         if self.belady is not None:
             bounds["belady"] = {
-                engine: {"hit_tokens": hits, "hit_rate": share(hits, prompt_tokens)}
+                engine: {"hit_tokens": hits, "hit_rate": scope.share(hits)}
                 for engine, hits in self.belady.items()
             }
             bounds["belady_definition"] = (
@@ -114,9 +165,7 @@ class Diagnosis:
                 "that, and every engine schedule is one such schedule, so it is an upper bound"
             )
         return {
-            "losses": {
-                engine: losses.to_dict(prompt_tokens) for engine, losses in self.losses.items()
-            },
+            "losses": {engine: losses.to_dict(scope) for engine, losses in self.losses.items()},
             "loss_totals": {
                 engine: {
                     "recomputed_tokens": sum(losses.tokens.values()),
@@ -140,7 +189,7 @@ class Diagnosis:
                     {
                         "size": p.size,
                         "hit_tokens": p.hit_tokens,
-                        "hit_rate": share(p.hit_tokens, prompt_tokens),
+                        "hit_rate": scope.share(p.hit_tokens),
                     }
                     for p in points
                 ]
