@@ -11,6 +11,7 @@ from typing import Any
 
 from analyzer.diagnose.model import Diagnosis, DiagnosisScope, Recommendation
 from analyzer.errors import Skip
+from analyzer.fleet_run import FleetSummary
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
 from analyzer.server_compare import ServerComparison
@@ -109,6 +110,7 @@ class Report:
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
+    fleet: FleetSummary | None = None  # --replicas: the fleet beside one instance
 
     @cached_property
     def json(self) -> dict[str, Any]:
@@ -150,6 +152,7 @@ class Report:
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "diagnosis_scope": self.diagnosis_scope.to_dict() if self.diagnosis_scope else None,
+            "fleet": self.fleet.to_dict() if self.fleet else None,
             **(
                 self.diagnosis.to_dict(self.diagnosis_scope)
                 if self.diagnosis and self.diagnosis_scope
