@@ -12,11 +12,11 @@ from rich.text import Text
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.model import Diagnosis
+from analyzer.engines import ENGINE_LABELS
 from analyzer.report import DiagnosisScope
 
 CURVE_ROWS = 10
 EIGHTHS = " ▏▎▍▌▋▊▉"
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 STYLES = {"vllm": "cyan", "sglang": "magenta"}
 
 
@@ -58,7 +58,7 @@ def _losses(diagnosis: Diagnosis, scope: DiagnosisScope) -> Table:
     table = Table(title="Recomputed prompt tokens by cause", box=box.SIMPLE, title_justify="left")
     table.add_column("cause")
     for engine in diagnosis.losses:
-        table.add_column(f"{LABELS[engine]} tokens", justify="right")
+        table.add_column(f"{ENGINE_LABELS[engine]} tokens", justify="right")
         table.add_column("share", justify="right")
     for name in CATEGORIES:
         cells = []
@@ -103,7 +103,7 @@ def _capacity_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> 
     )
     table.add_column("capacity", justify="right")
     for engine in curves:
-        table.add_column(LABELS[engine])
+        table.add_column(ENGINE_LABELS[engine])
     for capacity in _chart_capacities(curves):
         cells = []
         for engine, curve in curves.items():
@@ -112,11 +112,11 @@ def _capacity_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> 
     checks = []
     for engine, curve in curves.items():
         error = curve.max_abs_error(scope.prompt_tokens)
-        checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
+        checks.append(f"{ENGINE_LABELS[engine]} ±{error:.1%} vs replays")
         for point in curve.checks:
             if point.belady_hit_tokens is not None and scope.prompt_tokens:
                 checks.append(
-                    f"{LABELS[engine]} at {point.capacity_tokens:,}: LRU "
+                    f"{ENGINE_LABELS[engine]} at {point.capacity_tokens:,}: LRU "
                     f"{scope.share(point.replay_hit_tokens or 0):.1%}, Belady bound "
                     f"{scope.share(point.belady_hit_tokens):.1%}"
                 )
@@ -150,7 +150,7 @@ def _size_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> Tabl
     table.add_column("size", justify="right")
     sweep = diagnosis.size_sweep
     for engine in sweep:
-        table.add_column(LABELS[engine])
+        table.add_column(ENGINE_LABELS[engine])
     sizes = sorted({p.size for points in sweep.values() for p in points})
     for size in sizes:
         cells = []
@@ -176,7 +176,7 @@ def _what_if(diagnosis: Diagnosis) -> Table:
             after = gain.hit_tokens_after / gain.prompt_tokens_after
             table.add_row(
                 item.name,
-                LABELS[engine],
+                ENGINE_LABELS[engine],
                 f"{before:.1%} → {after:.1%}",
                 f"{gain.recomputed_tokens_saved:+,}",
             )

@@ -10,8 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from analyzer.diagnose.capacity import CapacityCurve
-from analyzer.diagnose.measure import Gain, Scenario, gains, replay_many
-from analyzer.diagnose.model import DynamicSite
+from analyzer.diagnose.model import DynamicSite, Recommendation
 from analyzer.diagnose.plans import (
     Context,
     PadTarget,
@@ -21,8 +20,9 @@ from analyzer.diagnose.plans import (
     reorder_plan,
     salt_plan,
 )
+from analyzer.diagnose.scenarios import Gain, Scenario, gains, replay_many
 from analyzer.diagnose.sweep import SweepPoint
-from analyzer.report import Recommendation
+from analyzer.engines import ENGINE_LABELS
 
 MIN_GAIN_SHARE = 0.002
 MAX_PAD_TARGETS = 4
@@ -33,7 +33,6 @@ CAPACITY_TARGET = "0.95"
 KEEP_OF_BEST_GAIN = 0.8
 # vLLM block sizes below this are not recommended: few GPU attention kernels support them.
 MIN_RECOMMENDED_BLOCK = 8
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 @dataclass(frozen=True)
@@ -159,8 +158,8 @@ def _size_items(context: Context, evidence: Evidence) -> list[Recommendation]:
         prompt = int(context.workload.prompt_offsets[-1])
         measured = {engine: Gain(prompt, current.hit_tokens, prompt, choice.hit_tokens)}
         text = (
-            f"Use {LABELS[engine]} {flags[engine]} {choice.size} instead of {current.size}, if "
-            "the attention backend supports it"
+            f"Use {ENGINE_LABELS[engine]} {flags[engine]} {choice.size} instead of "
+            f"{current.size}, if the attention backend supports it"
         )
         details = {"engine": engine, "size_before": current.size, "size_after": choice.size}
         items.append(_item("block_size", _describer(text)(measured), details, measured))
@@ -192,7 +191,7 @@ def _item(kind: str, summary: str, details: dict, measured: dict[str, Gain]) -> 
 def _describer(action: str) -> Describe:
     def describe(measured: dict[str, Gain]) -> str:
         effects = [
-            f"{LABELS[engine]} {gain.hit_tokens_before / gain.prompt_tokens_before:.1%} → "
+            f"{ENGINE_LABELS[engine]} {gain.hit_tokens_before / gain.prompt_tokens_before:.1%} → "
             f"{gain.hit_tokens_after / gain.prompt_tokens_after:.1%} "
             f"({gain.recomputed_tokens_saved:+,} tokens saved)"
             for engine, gain in measured.items()

@@ -7,8 +7,10 @@ from html import escape
 from typing import Any
 
 from analyzer.diagnose.charts import Series, bar_chart, line_chart, stacked_bars
+from analyzer.engines import ENGINE_LABELS
+from analyzer.report import Report
+from cli.outputs import as_json
 
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 ENGINE_COLORS = {"vllm": "#1f77b4", "sglang": "#d62728"}
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 980px; color: #222; }
@@ -22,8 +24,9 @@ td.text { font-family: monospace; max-width: 420px; overflow: hidden; white-spac
 """
 
 
-def html_report(report: dict[str, Any]) -> str:
-    """The whole report as one HTML page."""
+def html_report(report: Report | dict[str, Any]) -> str:
+    """The whole report as one HTML page (from its JSON form)."""
+    report = as_json(report)
     prompt = report["prompt_tokens"]
     sections = [
         f"<h1>prefixcheck</h1><p>{report['requests']:,} requests, {prompt:,} prompt tokens, "
@@ -96,7 +99,7 @@ def _engines(report: dict[str, Any]) -> str:
     if belady:
         extra = (
             "<p class='note'>Belady bound at the configured capacity: "
-            + ", ".join(f"{LABELS[e]} {b['hit_rate']:.1%}" for e, b in belady.items())
+            + ", ".join(f"{ENGINE_LABELS[e]} {b['hit_rate']:.1%}" for e, b in belady.items())
             + f". {escape(bounds.get('belady_definition', ''))}</p>"
         )
     scope = report.get("diagnosis_scope")
@@ -123,7 +126,7 @@ def _losses(report: dict[str, Any]) -> str:
     ]
     hit_rate = report["diagnosis_scope"]["hit_rate"]  # the losses' own requests
     bars = {
-        LABELS[e]: [("hit", hit_rate[e])]
+        ENGINE_LABELS[e]: [("hit", hit_rate[e])]
         + [(kind.replace("_", " "), losses[e][kind]["share"]) for kind in kinds]
         for e in losses
     }
@@ -134,7 +137,7 @@ def _losses(report: dict[str, Any]) -> str:
     return (
         "<h2>Recomputed prompt tokens by cause</h2>"
         + stacked_bars(bars)
-        + _table(["cause", *(LABELS[e] for e in losses)], rows)
+        + _table(["cause", *(ENGINE_LABELS[e] for e in losses)], rows)
         + f"<ul class='note'>{definitions}</ul>"
     )
 
@@ -194,7 +197,7 @@ def _capacity(report: dict[str, Any]) -> str:
         checks = curve["checks"]
         series.append(
             Series(
-                f"{LABELS[engine]} LRU",
+                f"{ENGINE_LABELS[engine]} LRU",
                 points,
                 [(p["capacity_tokens"], p["replay_hit_rate"]) for p in checks],
                 "replay",
@@ -203,7 +206,7 @@ def _capacity(report: dict[str, Any]) -> str:
         )
         series.append(
             Series(
-                f"{LABELS[engine]} Belady bound",
+                f"{ENGINE_LABELS[engine]} Belady bound",
                 [(p["capacity_tokens"], p["belady_hit_rate"]) for p in checks],
                 dashed=True,
                 color=color,
@@ -212,7 +215,7 @@ def _capacity(report: dict[str, Any]) -> str:
     configured = report["engines"]["vllm"]["config"].get("capacity_tokens")
     chart = line_chart(series, "KV capacity (tokens, log scale)", "token hit rate", configured)
     rows = [
-        [LABELS[engine], f"{curve['max_abs_error']:.2%}", f"{curve['working_set_tokens']:,}"]
+        [ENGINE_LABELS[engine], f"{curve['max_abs_error']:.2%}", f"{curve['working_set_tokens']:,}"]
         + [f"{v:,}" for v in curve["capacity_needed"].values()]
         for engine, curve in curves.items()
     ]
@@ -233,7 +236,7 @@ def _sizes(report: dict[str, Any]) -> str:
     sweep = report["block_size_sweep"]
     sizes = sorted({p["size"] for points in sweep.values() for p in points})
     groups = {
-        f"{LABELS[e]} ({'block' if e == 'vllm' else 'page'})": [
+        f"{ENGINE_LABELS[e]} ({'block' if e == 'vllm' else 'page'})": [
             next((p["hit_rate"] for p in points if p["size"] == s), None) for s in sizes
         ]
         for e, points in sweep.items()
@@ -245,7 +248,7 @@ def _sizes(report: dict[str, Any]) -> str:
 
 def _gain_cells(measured: dict[str, Any]) -> str:
     return "; ".join(
-        f"{LABELS[e]} {g['hit_rate_before']:.1%} → {g['hit_rate_after']:.1%} "
+        f"{ENGINE_LABELS[e]} {g['hit_rate_before']:.1%} → {g['hit_rate_after']:.1%} "
         f"({g['recomputed_tokens_saved']:+,} tokens)"
         for e, g in measured.items()
     )
