@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from analyzer.analysis import Analysis
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.diagnose.recommend import KvShape
@@ -75,16 +76,6 @@ class AnalyzeOptions:
         for spec in specs:
             spec.check(self.settings)
         object.__setattr__(self, "what_if", specs)
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """The report, the per-request table, and what they were computed from (input order)."""
-
-    report: Report
-    per_request: pl.DataFrame
-    tokenized: TokenizedLog
-    replays: Replays
 
 
 def analyze(

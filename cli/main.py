@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from analyzer.diagnose.html import html_report
 from analyzer.errors import PrefixcheckError
 from analyzer.export import write_table
 from analyzer.gates import evaluate_gates
@@ -41,6 +40,7 @@ from cli.measure import logits_mismatch, measure_command
 from cli.outputs import junit_xml, markdown, publish_to_github
 from cli.progress import RichProgress
 from cli.render import render_gates, render_report
+from cli.render_html import html_report
 
 app = typer.Typer(
     add_completion=False,
@@ -149,12 +149,12 @@ def analyze_command(
             if measure_with is not None:
                 measured = measure_with(result, progress)
                 result = replace(result, report=replace(result.report, measurement=measured))
-        report = result.report.to_dict()
+        report = result.report
         checked = evaluate_gates(
-            report, fail_under=gates.rate, max_losses=gates.limits, engine=gates.engine
+            report.json, fail_under=gates.rate, max_losses=gates.limits, engine=gates.engine
         )
         if outputs.json_path is not None:
-            write_text(outputs.json_path, json.dumps(report, indent=2) + "\n")
+            write_text(outputs.json_path, json.dumps(report.json, indent=2) + "\n")
         if outputs.markdown_path is not None:
             write_text(outputs.markdown_path, markdown(report, checked))
         if outputs.html_path is not None:
@@ -182,10 +182,3 @@ def analyze_command(
     measurement = result.report.measurement
     if failed or (measurement is not None and logits_mismatch(measurement, errors)):
         raise typer.Exit(EXIT_GATE_FAILED)
-
-
-def main() -> None:
-    """The console script (see cli.entry, which installs the signal handlers first)."""
-    from cli.entry import main as entry
-
-    entry()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "chat_logs.jsonl"
 # The diagnosis forks its replays for logs of 2M tokens or more; here for any log.
 SCRIPT = (
-    "import sys, analyzer.diagnose.measure as m\n"
+    "import sys, analyzer.diagnose.scenarios as m\n"
     "m.PARALLEL_MIN_TOKENS = 0\n"
     "from cli.entry import main\n"
     "sys.argv = ['prefixcheck', 'analyze', *sys.argv[1:]]\n"

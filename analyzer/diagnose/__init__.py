@@ -12,11 +12,11 @@ from analyzer.diagnose.capacity import capacity_curves
 from analyzer.diagnose.dynamic import Site, Spans, ValueRanges, find_dynamic_content
 from analyzer.diagnose.fixes import apply_edits, original_hits, with_namespace
 from analyzer.diagnose.losses import CATEGORIES, Ceilings, attribute
-from analyzer.diagnose.measure import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
 from analyzer.diagnose.parts import PartsSource, Reordered
 from analyzer.diagnose.plans import Context, PadTarget, static_runs, what_if_plan
 from analyzer.diagnose.recommend import Evidence, KvShape, recommend
+from analyzer.diagnose.scenarios import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.sweep import size_sweep
 from analyzer.prefixes import TEMPLATE_MIN_TOKENS, shared_prefixes
 from analyzer.progress import NoProgress, Progress
