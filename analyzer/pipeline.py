@@ -18,7 +18,9 @@ from analyzer.fleet_run import (
     FleetRun,
     fleet_notes,
     fleet_recommendations,
+    routing_fields,
     run_fleet,
+    with_routing_fields,
 )
 from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
@@ -128,7 +130,8 @@ class ReadLog:
 def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> ReadLog:
     """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
     sequential reads the whole log); the rest is read as the replay streams it."""
-    reader = ChunkedIngest(paths, options.ingest, progress)
+    routed = routing_fields(options.fleet, options.fleet_what_if)
+    reader = ChunkedIngest(paths, with_routing_fields(options.ingest, routed), progress)
     chunks = reader.chunks(options.chunk_records)
     streams = options.settings.sequential and options.fleet is None
     head = _head(chunks, options.sample_tokens if streams else None)
