@@ -243,7 +243,7 @@ def report(
             else []
         )
         + ([_streaming_note(sample, whole)] if replayed.streamed else [])
-        + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
+        + ([] if fleet_run is None else fleet_notes(fleet_run.summary, options.sample_tokens)),
         run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),

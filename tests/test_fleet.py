@@ -382,3 +382,20 @@ def test_first_block_keys_are_the_first_blocks_bytes() -> None:
             for ns, p in zip(namespace, prompts, strict=True)
         ]
         assert first_block_keys(workload, block_size) == expected
+
+
+def test_a_fleet_over_diagnose_tokens_is_diagnosed_whole(tmp_path: Path) -> None:
+    """A fleet is not streamed: past --diagnose-tokens the diagnosis still covers every request,
+    the report says so, and only the measured router ranking is skipped."""
+    log = conversations(tmp_path / "log.jsonl")
+    report, table = analyze(tmp_path, log, "--replicas", "3", "--diagnose-tokens", "100")
+    scope, total = report["diagnosis_scope"], int(table["prompt_tokens"].sum())
+    assert scope["whole_log"] and scope["prompt_tokens"] == total
+    assert scope["requests"] == table.height
+    assert any(
+        n.startswith("Fleet runs are not streamed") and f"{total:,} prompt tokens" in n
+        for n in report["notes"]
+    )
+    assert "--diagnose-tokens" in report["fleet"]["advice_skipped"]
+    assert report["fleet"]["router_ranking"] == []
+    assert table["vllm_lost_routing"].null_count() == 0  # per-request causes for all
