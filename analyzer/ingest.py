@@ -191,7 +191,22 @@ def concat_workloads(workloads: Sequence[Workload]) -> Workload:
         namespace=np.concatenate([w.namespace for w in workloads]),
         stop_finish=np.concatenate([w.stop_finish for w in workloads]),
         arrival_s=None if any(a is None for a in arrivals) else np.concatenate(arrivals),
+        priority=_joined_column([w.priority for w in workloads], [w.priorities for w in workloads]),
+        skip_prefix_lookup=_joined_column(
+            [w.skip_prefix_lookup for w in workloads], [w.skips_lookup for w in workloads]
+        ),
+        hit_limit=_joined_column(
+            [w.hit_limit for w in workloads], [w.hit_limits for w in workloads]
+        ),
     )
+
+
+def _joined_column(
+    given: Sequence[np.ndarray | None], filled: Sequence[np.ndarray]
+) -> np.ndarray | None:
+    """An optional per-request column over joined chunks: None when no chunk has it, otherwise
+    each chunk's values (its default where it has none)."""
+    return None if all(g is None for g in given) else np.concatenate(filled)
 
 
 def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +27,8 @@ class ChunkState:
     """What the chunks of one streamed log share so that they read as one log: namespace ids
     (keyed by model too, as the models are not known in advance) and unknown-token ids."""
 
-    namespace_ids: dict[tuple[str, str, str], int] = field(
-        default_factory=lambda: {("", "", ""): 0}
+    namespace_ids: dict[tuple[str, str, str, str], int] = field(
+        default_factory=lambda: {("", "", "", ""): 0}
     )
     models: set[str] = field(default_factory=set)
     next_unknown: int = -1
@@ -145,12 +145,15 @@ def build_workload(
     prompt_arrays = [prompts[i] for i in final]
     output_arrays = [outputs[i][0] for i in final]
     namespace, namespace_labels = _namespaces(kept, chunk_state)
-    workload = Workload.from_arrays(
-        prompt_arrays,
-        output_arrays,
-        namespace=namespace,
-        stop_finish=[_is_stop(r.finish_reason) for r in kept],
-        arrival_s=_arrivals(kept),
+    workload = replace(
+        Workload.from_arrays(
+            prompt_arrays,
+            output_arrays,
+            namespace=namespace,
+            stop_finish=[_is_stop(r.finish_reason) for r in kept],
+            arrival_s=_arrivals(kept),
+        ),
+        **_cache_columns(kept),
     )
     requests = pl.DataFrame(
         {
@@ -308,7 +311,8 @@ def _is_stop(finish_reason: str | None) -> bool:
 def _namespaces(
     records: Sequence[Record], chunk_state: ChunkState | None
 ) -> tuple[np.ndarray, list[str]]:
-    """One id per distinct (model, cache_salt, LoRA), and its label; none is namespace 0 ("").
+    """One id per distinct (model, cache_salt, LoRA, extra_key), and its label; none is
+    namespace 0 ("").
 
     The model counts when the log holds several: each model is served by its own engine, whose
     cache no other model's request can hit. A chunk of a longer log always keys by model (its
@@ -316,7 +320,7 @@ def _namespaces(
     """
     if chunk_state is None:
         include_model = len({r.model for r in records}) > 1
-        ids: dict[tuple[str, str, str], int] = {("", "", ""): 0}
+        ids: dict[tuple[str, str, str, str], int] = {("", "", "", ""): 0}
     else:
         include_model = True
         ids = chunk_state.namespace_ids
@@ -324,7 +328,12 @@ def _namespaces(
     namespace = np.array(
         [
             ids.setdefault(
-                ((r.model or "") if include_model else "", r.cache_salt or "", r.lora or ""),
+                (
+                    (r.model or "") if include_model else "",
+                    r.cache_salt or "",
+                    r.lora or "",
+                    r.extra_key or "",
+                ),
                 len(ids),
             )
             for r in records
@@ -336,7 +345,9 @@ def _namespaces(
     return namespace, _namespace_labels(ids, several_models=include_model)
 
 
-def _namespace_labels(ids: dict[tuple[str, str, str], int], *, several_models: bool) -> list[str]:
+def _namespace_labels(
+    ids: dict[tuple[str, str, str, str], int], *, several_models: bool
+) -> list[str]:
     return [
         ", ".join(
             part
@@ -344,11 +355,29 @@ def _namespace_labels(ids: dict[tuple[str, str, str], int], *, several_models: b
                 several_models and model and f"model={model}",
                 salt and f"cache_salt={salt}",
                 lora and f"lora={lora}",
+                extra_key and f"extra_key={extra_key}",
             )
             if part
         )
-        for model, salt, lora in ids
+        for model, salt, lora, extra_key in ids
     ]
+
+
+def _cache_columns(records: Sequence[Record]) -> dict[str, np.ndarray | None]:
+    """The Workload columns of the request fields that change what the caches read (priority,
+    vLLM's prompt-logprob skip, SGLang's logprob start); None where no request has one."""
+    priority = [r.priority for r in records]
+    skip = [bool(r.prompt_logprobs) for r in records]
+    limit = [r.logprob_start_len for r in records]
+    return {
+        "priority": None
+        if all(p is None for p in priority)
+        else np.array([p or 0 for p in priority], np.int64),
+        "skip_prefix_lookup": np.array(skip, np.bool_) if any(skip) else None,
+        "hit_limit": None
+        if all(x is None for x in limit)
+        else np.array([-1 if x is None else x for x in limit], np.int64),
+    }
 
 
 def _arrivals(records: Sequence[Record]) -> np.ndarray | None:
