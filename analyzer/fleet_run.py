@@ -284,11 +284,20 @@ def _summary(
     )
 
 
-def fleet_notes(summary: FleetSummary) -> list[str]:
+def fleet_notes(summary: FleetSummary, diagnose_tokens: int | None = None) -> list[str]:
     notes = [
         f"Fleet of {summary.replicas} replicas behind {summary.router} ({summary.router_source}); "
         f"engine hit rates are the fleet's. Load model: {summary.load_model}."
     ]
+    requests = sum(r.requests for r in summary.per_replica)
+    tokens = sum(r.prompt_tokens for r in summary.per_replica)
+    if diagnose_tokens is not None and tokens > diagnose_tokens:
+        notes.append(
+            f"Fleet runs are not streamed: the whole log ({requests:,} requests, {tokens:,} "
+            f"prompt tokens, more than --diagnose-tokens {diagnose_tokens:,}) was held in memory, "
+            "and the diagnosis (losses by cause, routing included, and recommendations) covers "
+            "all of it."
+        )
     if summary.advice_skipped:
         notes.append(f"No measured router ranking or capacity advice: {summary.advice_skipped}.")
     if summary.keyless_requests and summary.router == "consistent-hash":

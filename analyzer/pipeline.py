@@ -16,12 +16,8 @@ from analyzer.diagnose.parts import PartsSource
 from analyzer.diagnose.recommend import KvShape
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.fleet import FleetOptions
-from analyzer.fleet_run import (
-    FleetRun,
-    fleet_notes,
-    fleet_recommendations,
-    run_fleet,
-)
+from analyzer.fleet_fields import routing_fields, with_routing_fields
+from analyzer.fleet_run import FleetRun, fleet_notes, fleet_recommendations, run_fleet
 from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
@@ -125,7 +121,8 @@ class ReadLog:
 def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> ReadLog:
     """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
     sequential reads the whole log); the rest is read as the replay streams it."""
-    reader = ChunkedIngest(paths, options.ingest, progress)
+    routed = routing_fields(options.fleet, options.fleet_what_if)
+    reader = ChunkedIngest(paths, with_routing_fields(options.ingest, routed), progress)
     chunks = reader.chunks(options.chunk_records)
     streams = options.settings.sequential and options.fleet is None
     head = _head(chunks, options.sample_tokens if streams else None)
@@ -255,7 +252,7 @@ def report(
             else []
         )
         + ([_streaming_note(sample, whole)] if replayed.streamed else [])
-        + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
+        + ([] if fleet_run is None else fleet_notes(fleet_run.summary, options.sample_tokens)),
         run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),

@@ -22,7 +22,8 @@ class Record:
     cache, when the log has it (compared with the replay), and ``server_prompt_tokens`` its count
     of the prompt's tokens (ours equal it when we tokenize as the server did); ``request_id``
     joins answers logged apart from their request (vLLM's ``Generated response`` lines, Batch
-    API output files).
+    API output files). ``routing`` holds the fleet's dotted routing fields of the line
+    (``--session-field``, ``--replica-field``), by path.
     """
 
     file: str
@@ -48,6 +49,7 @@ class Record:
     server_cached_tokens: int | None = None
     server_prompt_tokens: int | None = None
     request_id: str | None = None
+    routing: dict[str, str | None] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None  # None: as the engine does for a chat / a prompt

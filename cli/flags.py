@@ -369,7 +369,7 @@ class DiagnoseFlags:
         typer.Option(
             min=1,
             help="Logs with more prompt tokens are streamed (memory follows the caches, not the "
-            "log) and diagnosed on their first N tokens.",
+            "log) and diagnosed on their first N tokens; fleet runs are held and diagnosed whole.",
         ),
     ] = DEFAULT_SAMPLE_TOKENS
     what_if: Annotated[
