@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.diagnose import diagnose_log
+from analyzer.diagnose.fixes import select_requests
 from analyzer.diagnose.parts import PartsSource
 from analyzer.errors import PrefixcheckError
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
@@ -58,6 +59,8 @@ class AnalyzeOptions:
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
+    diagnose: bool = True  # --no-diagnosis: hit rates, ceiling and shared prefixes only
+    check_curves: bool = False  # --check-curves: full LRU replays where the curves are checked
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,11 @@ def analyze(
                 order,
             )
         sample, sample_replays = whole, replays
+        if options.diagnose and order is None and not settings.streamable:
+            # replayed whole in memory for its mode: diagnosed on its leading sample all the same
+            sample = _leading(whole, options.sample_tokens)
+            if sample is not whole:
+                sample_replays = sample_of(replays, sample.workload)
     else:  # stream the rest through the engines; diagnose the leading sample
         ingested = reader.finished(head)
         sample = ingested.tokenized
@@ -113,26 +121,29 @@ def analyze(
 
     hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
     decoder = tokenizer if tokenizer is not None and not hash_trace else None
-    diagnosed = diagnose_log(
-        sample.workload,
-        sample_replays,
-        order,
-        sample.requests,
-        settings,
-        decoder,
-        options.redact,
-        options.what_if,
-        PartsSource(loaded.records, tokenizer, renderer, options.ingest.cache_dir)
-        if tokenizer
-        else None,
-        progress,
-    )
+    diagnosed = None
+    if options.diagnose:
+        diagnosed = diagnose_log(
+            sample.workload,
+            sample_replays,
+            order,
+            sample.requests,
+            settings,
+            decoder,
+            options.redact,
+            options.what_if,
+            PartsSource(loaded.records, tokenizer, renderer, options.ingest.cache_dir)
+            if tokenizer
+            else None,
+            progress,
+            check_curves=options.check_curves,
+        )
     prefixes = [  # templates, not the shared heads of varying values
         prefix
         for prefix in shared_prefixes(
             replays.trie, top=2 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
         )
-        if not diagnosed.values.ends_inside(prefix.tokens)
+        if diagnosed is None or not diagnosed.values.ends_inside(prefix.tokens)
     ][: options.top_prefixes]
     block_size = settings.block_size
     models = model_labels(whole.requests["model"])
@@ -173,14 +184,16 @@ def analyze(
             _prefix_summary(prefix, block_size, decoder, options.redact, whole)
             for prefix in prefixes
         ],
-        recommendations=diagnosed.diagnosis.recommendations,
-        diagnosis=diagnosed.diagnosis,
+        recommendations=diagnosed.diagnosis.recommendations if diagnosed else [],
+        diagnosis=diagnosed.diagnosis if diagnosed else None,
         diagnosis_scope=DiagnosisScope(
             requests=sample.workload.n_requests,
             prompt_tokens=int(sample.workload.prompt_offsets[-1]),
             ceiling_hit_tokens=sample_replays.ideal.total_hit_tokens,
             whole_log=sample is whole,
-        ),
+        )
+        if diagnosed
+        else None,
         notes=tokenization_note(server_comparison)
         + _notes(whole, hash_trace, options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined, whole)
@@ -189,7 +202,7 @@ def analyze(
             if order is not None
             else []
         )
-        + ([] if sample is whole else [_streaming_note(sample, whole)]),
+        + ([] if sample is whole or not diagnosed else [_sample_note(sample, whole, settings)]),
         prefill_estimate=prefill_estimate(
             shape,
             prompt_lengths,
@@ -198,12 +211,15 @@ def analyze(
             capacity_tokens=settings.capacity_tokens,
         ),
     )
-    losses = pl.DataFrame(diagnosed.per_request)
-    if sample is not whole:  # per-request causes for the diagnosed sample only
-        losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
+    per_request = _per_request(whole.requests, replays)
+    if diagnosed is not None:
+        losses = pl.DataFrame(diagnosed.per_request)
+        if sample is not whole:  # per-request causes for the diagnosed sample only
+            losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
+        per_request = per_request.hstack(losses)
     return Analysis(
         report=report,
-        per_request=_per_request(whole.requests, replays).hstack(losses),
+        per_request=per_request,
         tokenized=sample,
         replays=sample_replays,
     )
@@ -221,6 +237,20 @@ def _head(chunks: Iterator[Chunk], budget: int | None) -> list[Chunk]:
     return head
 
 
+def _leading(log: TokenizedLog, budget: int | None) -> TokenizedLog:
+    """The log's leading requests up to ``budget`` prompt tokens (at least one), or the log
+    itself when it holds no more: the diagnosis sample of a log replayed whole in memory."""
+    offsets = log.workload.prompt_offsets
+    if budget is None or int(offsets[-1]) <= budget:
+        return log
+    n = max(1, int(np.searchsorted(offsets, budget, side="right")) - 1)
+    return replace(
+        log,
+        requests=log.requests.head(n),
+        workload=select_requests(log.workload, np.arange(n)),
+    )
+
+
 def _check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
     if settings.time_model is not None and workload.arrival_s is None:
         raise PrefixcheckError(
@@ -233,9 +263,10 @@ def _has_chats(loaded: LoadResult) -> bool:
     return any(r.messages for r in loaded.records)
 
 
-def _streaming_note(sample: TokenizedLog, whole: LogTable) -> str:
+def _sample_note(sample: TokenizedLog, whole: LogTable, settings: ReplaySettings) -> str:
+    how = "streamed" if settings.streamable else "replayed whole, in its replay mode"
     return (
-        f"The log was streamed: hit rates, the ceiling and shared prefixes cover all "
+        f"The log was {how}: hit rates, the ceiling and shared prefixes cover all "
         f"{whole.requests.height:,} requests; losses by cause, dynamic content, recommendations "
         f"and curves were measured on the first {sample.workload.n_requests:,} "
         f"({int(sample.workload.prompt_offsets[-1]):,} prompt tokens; raise --diagnose-tokens "

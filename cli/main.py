@@ -141,6 +141,20 @@ def analyze_command(
             "log) and diagnosed on their first N tokens.",
         ),
     ] = DEFAULT_SAMPLE_TOKENS,
+    diagnosis: Annotated[
+        bool,
+        typer.Option(
+            help="Diagnose the recomputed tokens (causes, curves, bounds, recommendations); "
+            "--no-diagnosis reports hit rates, the ceiling and shared prefixes only."
+        ),
+    ] = True,
+    check_curves: Annotated[
+        bool,
+        typer.Option(
+            help="Check the capacity curves against full LRU replays (and Belady) at three "
+            "capacities."
+        ),
+    ] = False,
     hash_block_size: HashBlockSize = None,
     prompt_field: PromptField = None,
     messages_field: MessagesField = None,
@@ -242,7 +256,12 @@ def analyze_command(
         what_if=tuple(what_if or ()),
         model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
         sample_tokens=diagnose_tokens,
+        diagnose=diagnosis,
+        check_curves=check_curves,
     )
+    needs_losses = [text for text in max_loss or [] if not text.startswith("alignment=")]
+    if not diagnosis and (needs_losses or what_if or check_curves):
+        fail(errors, "--max-loss (but alignment), --what-if and --check-curves need the diagnosis")
     try:
         limits = [LossLimit.parse(text) for text in max_loss or []]
         measure_with = measurer(MeasureOptions(model_preset=model_preset)) if measure else None

@@ -100,7 +100,8 @@ def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Tab
     checks = []
     for engine, curve in curves.items():
         error = curve.max_abs_error(prompt_tokens)
-        checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
+        if error is not None:
+            checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
         for point in curve.checks:
             if point.belady_hit_tokens is not None and prompt_tokens:
                 checks.append(

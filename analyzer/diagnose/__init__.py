@@ -47,6 +47,7 @@ class DiagnoseInput:
     redact: bool
     what_if: tuple[str, ...] = ()
     reordered: Reordered | None = None  # the log with its message parts in one order
+    check_curves: bool = False  # replay LRU at a few capacities to check the curves
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def diagnose_log(
     what_if: tuple[str, ...] = (),
     parts: PartsSource | None = None,
     progress: Progress | None = None,
+    check_curves: bool = False,
 ) -> DiagnoseResult:
     """``diagnose`` for the pipeline: the workload, replays and request table in input order,
     replayed in ``order`` (None: as they are); per-request losses come back in input order.
@@ -101,6 +103,7 @@ def diagnose_log(
         redact=redact,
         what_if=what_if,
         reordered=reordered,
+        check_curves=check_curves,
     )
     result = diagnose(inputs, progress)
     if order is None:
@@ -160,7 +163,9 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         servers=inputs.servers,
         reordered=inputs.reordered,
     )
-    curves, belady = capacity_curves(replays.trie, workload, settings, inputs.servers)
+    curves, belady = capacity_curves(
+        replays.trie, workload, settings, inputs.servers, check=inputs.check_curves
+    )
     sweep = size_sweep(workload, settings, hits, inputs.servers)
     totals = {e: losses[e].totals() for e in losses}
     evidence = Evidence(
