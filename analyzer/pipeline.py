@@ -114,7 +114,7 @@ def analyze(
         )
         whole, replays = streamed.log, streamed.replays
         order = None
-        sample_replays = sample_of(replays, sample.workload)
+        sample_replays = sample_of(replays, sample.workload, own_trie=options.diagnose)
     loaded, tokenizer, renderer = reader.loaded, reader.tokenizer, ingested.renderer
     prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
     server_comparison = compare_with_server(whole.requests, replays, settings.block_size)

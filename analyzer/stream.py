@@ -97,24 +97,27 @@ def stream_replays(
     return Streamed(table, Replays(vllm, sglang, page1, ideal, trie.nodes))
 
 
-def sample_of(replays: Replays, sample: Workload) -> Replays:
+def sample_of(replays: Replays, sample: Workload, own_trie: bool = True) -> Replays:
     """The leading requests' results (a sequential replay's first k requests are the same alone),
-    with a trie of the sample only, for the diagnosis of the sample."""
+    with a trie of the sample only, for the diagnosis of the sample (``own_trie`` False: the
+    whole log's trie, when nothing is diagnosed)."""
     n = sample.n_requests
 
     def head(result: ReplayResult) -> ReplayResult:
         counters = {name: values[:n] for name, values in result.counters.items()}
         return replace(result, hit_tokens=result.hit_tokens[:n], counters=counters, metrics={})
 
-    trie = PrefixTrie()
-    trie.replay(sample)
-    assert trie.nodes is not None
+    nodes = replays.trie
+    if own_trie:
+        trie = PrefixTrie()
+        trie.replay(sample)
+        nodes = trie.nodes
     return Replays(
         head(replays.vllm),
         head(replays.sglang),
         head(replays.sglang_page1),
         head(replays.ideal),
-        trie.nodes,
+        nodes,
     )
 
 

@@ -80,8 +80,9 @@ def test_tokens_format(tmp_path: Path) -> None:
     loaded = load_logs([log])
     assert loaded.formats[str(log)] == "tokens"
     (record,) = loaded.records
-    assert record.prompt_token_ids == [1, 2, 3]
-    assert record.output_token_ids == [4]
+    assert record.prompt_token_ids.dtype == np.int32  # type: ignore[union-attr]
+    assert list(record.prompt_token_ids) == [1, 2, 3]
+    assert list(record.output_token_ids) == [4]
     assert (record.cache_salt, record.finish_reason) == ("s", "stop")
 
 
@@ -115,6 +116,13 @@ def test_hash_trace_format(tmp_path: Path) -> None:
         ("", "blank line"),
         ({"prompt_token_ids": []}, "empty prompt_token_ids"),
         ({"prompt_token_ids": [1, "x"]}, "field 'prompt_token_ids'[1] must be an integer"),
+        ({"prompt_token_ids": [1, 2, True]}, "field 'prompt_token_ids'[2] must be an integer"),
+        ({"prompt_token_ids": [1, 2.0]}, "field 'prompt_token_ids'[1] must be an integer"),
+        ({"prompt_token_ids": [1, [2]]}, "field 'prompt_token_ids'[1] must be an integer"),
+        ({"prompt_token_ids": [3, -1]}, "field 'prompt_token_ids'[1] = -1 is outside 0..2^31-1"),
+        ({"prompt_token_ids": [2**31, 0]}, "field 'prompt_token_ids'[0] = 2147483648 is outside"),
+        ({"prompt_token_ids": [0, 2**70]}, "field 'prompt_token_ids'[1] = 1180591620717411303424"),
+        ({"prompt_token_ids": [1], "output_token_ids": [0, False]}, "field 'output_token_ids'[1]"),
         ({"prompt_token_ids": [1], "cache_salt": 5}, "field 'cache_salt' must be a string"),
         ({"output_token_ids": [1]}, "missing field 'prompt_token_ids'"),
     ],

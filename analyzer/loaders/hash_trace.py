@@ -37,7 +37,9 @@ _ID_FACTOR = 0x9E3779B1  # odd: h -> h * A mod 2^31 is one-to-one
 _OFFSET_FACTOR = 0x7FEB352D
 
 
-def expand_hash_ids(hash_ids: list[int], input_length: int, block_size: int) -> np.ndarray:
+def expand_hash_ids(
+    hash_ids: np.ndarray | list[int], input_length: int, block_size: int
+) -> np.ndarray:
     """The synthetic prompt tokens of one trace line."""
     ids = np.asarray(hash_ids, dtype=np.int64)[:, None]
     offsets = np.arange(block_size, dtype=np.int64)[None, :]
@@ -50,7 +52,7 @@ def parse(
 ) -> Record:
     hash_ids = int_list(obj, "hash_ids", required=True)
     input_length = optional_int(obj, "input_length")
-    if not hash_ids:
+    if hash_ids is None or not len(hash_ids):
         raise BadLine("empty hash_ids")
     if input_length is None:
         raise BadLine("missing field 'input_length'")

@@ -198,7 +198,7 @@ def tokens_log(path: Path, requests: int, seed: int = 0) -> None:
     request holds the previous prompt and answer, fresh single-turn requests."""
     rng = np.random.default_rng(seed)
     vocab = 150_000
-    systems = [rng.integers(0, vocab, int(rng.integers(40, 400))) for _ in range(24)]
+    systems = [rng.integers(0, vocab, int(rng.integers(40, 150))) for _ in range(24)]
     chats: list[np.ndarray] = []
     with path.open("w") as out:
         for _ in range(requests):
@@ -207,9 +207,9 @@ def tokens_log(path: Path, requests: int, seed: int = 0) -> None:
                 prompt = np.concatenate([history, rng.integers(0, vocab, int(rng.integers(5, 40)))])
             else:
                 system = systems[int(rng.integers(len(systems)))]
-                prompt = np.concatenate([system, rng.integers(0, vocab, int(rng.integers(10, 80)))])
-            output = rng.integers(0, vocab, int(rng.integers(5, 60)))
-            if len(prompt) < 700 and rng.random() < 0.7:
+                prompt = np.concatenate([system, rng.integers(0, vocab, int(rng.integers(10, 50)))])
+            output = rng.integers(0, vocab, int(rng.integers(5, 30)))
+            if len(prompt) < 250 and rng.random() < 0.7:
                 chats.append(np.concatenate([prompt, output]))
             if len(chats) > 2000:
                 chats.pop(0)
