@@ -1,19 +1,16 @@
 """Chat rendering: messages to the exact prompt string the server builds, the way Hugging Face
-``apply_chat_template`` does it (vLLM and SGLang call it), in a sandboxed jinja2 environment.
+``apply_chat_template`` does it (vLLM and SGLang call it), in a sandboxed jinja2 environment like
+transformers' ``_compile_jinja_template``.
 
-Message content reaches the template as vLLM hands it over, in the template's content format
-(detected as vLLM detects it: does the template loop over ``message['content']``?): "string"
-templates get the text parts joined by newlines, with each image's placeholder text on its own
-line before them; "openai" templates get a list of ``{"type": "text", "text": ...}`` and
-``{"type": "image"}`` parts.
+The messages and tools reach the template as the server prepares them (analyzer/chat_server.py:
+vLLM 0.33's OpenAI server by default, SGLang 0.5.23's with ``rendering="sglang"``), in the
+template's content format, detected as that server detects it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -21,9 +18,17 @@ from typing import Any
 
 import jinja2
 from jinja2 import nodes
-from jinja2.ext import loopcontrols
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from analyzer.chat_server import (
+    RENDERINGS,
+    alias_reasoning,
+    server_messages,
+    server_tools,
+    sglang_content_format,
+    vllm_content_format,
+)
 from analyzer.errors import BadLine, PrefixcheckError
 from analyzer.records import Message
 from analyzer.templates import BUILTIN_TEMPLATES, builtin_template
@@ -34,9 +39,8 @@ CHATML_TEMPLATE = BUILTIN_TEMPLATES["qwen2.5"].source
 # Templates that call strftime_now() get this date when the request has no timestamp, so the
 # same log always renders the same prompts.
 FALLBACK_DATE = datetime(2026, 1, 1, tzinfo=UTC)
-IMAGE_PARTS = frozenset({"image_url", "image", "input_image", "image_pil", "image_embeds"})
 # Variables the renderer sets itself; chat_template_kwargs cannot replace them (as in vLLM).
-RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "documents"})
 
 
 def _tojson(
@@ -56,6 +60,20 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+class _Generation(Extension):
+    """transformers' ``{% generation %}`` tag (its AssistantTracker): renders its body."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
+
+
 @dataclass
 class ChatRenderer:
     """Renders chat messages with one template (a string, or named templates as in transformers).
@@ -63,7 +81,8 @@ class ChatRenderer:
     ``image_placeholder`` is the text a "string" template gets for each image (the model
     family's, e.g. Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``); None when the
     model takes no images. ``default_kwargs`` are ``--chat-template-kwargs``, under each
-    request's own ``chat_template_kwargs``.
+    request's own ``chat_template_kwargs``. ``rendering`` is the server whose preparation of
+    messages and tools is reproduced: "vllm" or "sglang".
     """
 
     template: str | dict[str, str]
@@ -71,22 +90,39 @@ class ChatRenderer:
     name: str = "chatml (Qwen2.5)"
     image_placeholder: str | None = None
     default_kwargs: dict[str, Any] = field(default_factory=dict)
+    rendering: str = "vllm"
+
+    def __post_init__(self) -> None:
+        if self.rendering not in RENDERINGS:
+            raise PrefixcheckError(
+                f"unknown rendering {self.rendering!r} (expected one of {', '.join(RENDERINGS)})"
+            )
 
     @cached_property
-    def _compiled(self) -> dict[str, tuple[jinja2.Template, str]]:
+    def _compiled(self) -> dict[str, tuple[jinja2.Template, str, bool]]:
+        """Each template, its content format and whether it names the developer role."""
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+            trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols]
         )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         sources = self.template if isinstance(self.template, dict) else {"default": self.template}
         try:
             return {
-                name: (env.from_string(source), content_format(env.parse(source)))
+                name: (
+                    env.from_string(source),
+                    self._content_format(source, env.parse(source)),
+                    '"developer"' in source or "'developer'" in source,
+                )
                 for name, source in sources.items()
             }
         except jinja2.TemplateError as exc:
             raise PrefixcheckError(f"chat template {self.name!r} does not compile: {exc}") from None
+
+    def _content_format(self, source: str, tree: nodes.Template) -> str:
+        if self.rendering == "sglang":
+            return sglang_content_format(source, tree)
+        return vllm_content_format(tree)
 
     def render(
         self,
@@ -97,20 +133,33 @@ class ChatRenderer:
         kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The prompt text for one request (with the generation prompt appended by default)."""
+        """The prompt text for one request (with the generation prompt appended by default).
+
+        Named templates are chosen as transformers' ``get_chat_template`` chooses: "tool_use"
+        when the request has tools, else "default"."""
         templates = self._compiled
-        chosen = templates.get("tool_use") if tools and "tool_use" in templates else None
-        template, form = chosen or templates.get("default") or next(iter(templates.values()))
+        chosen = templates.get("tool_use") if tools is not None else None
+        template, form, names_developer = (
+            chosen or templates.get("default") or next(iter(templates.values()))
+        )
         when = FALLBACK_DATE if arrival_s is None else datetime.fromtimestamp(arrival_s, UTC)
         extra = {**self.default_kwargs, **(kwargs or {})}
+        prepared = server_messages(
+            messages,
+            form,
+            self.image_placeholder,
+            self.name,
+            rendering=self.rendering,
+            names_developer=names_developer,
+        )
         try:
             return template.render(
+                **self.special.template_tokens(),
                 **{k: v for k, v in extra.items() if k not in RESERVED},
-                messages=_normalize(messages, form, self.image_placeholder, self.name),
-                tools=tools,
+                messages=[alias_reasoning(m) for m in prepared],
+                tools=server_tools(tools, self.rendering),
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self.special.bos_token or "",
-                eos_token=self.special.eos_token or "",
                 strftime_now=when.strftime,
             )
         except BadLine:
@@ -120,86 +169,20 @@ class ChatRenderer:
                 f"chat template failed: {type(exc).__name__}: {exc} (template: {self.name})"
             ) from None
 
+    @property
+    def description(self) -> str:
+        """The template's name and the server whose request preparation is reproduced."""
+        server = {"vllm": "vLLM 0.33", "sglang": "SGLang 0.5.23"}[self.rendering]
+        return f"{self.name}; requests prepared as {server}'s OpenAI server does"
+
+    def with_rendering(self, rendering: str) -> ChatRenderer:
+        """The same templates, prepared as another server prepares requests."""
+        return replace(self, rendering=rendering)
+
 
 def content_format(tree: nodes.Template) -> str:
-    """vLLM's detection: "openai" when the template loops over a message's content (directly or
-    through a variable set from it), else "string"."""
-    content_vars = {
-        target.name
-        for assign in tree.find_all(nodes.Assign)
-        if _is_content(assign.node)
-        for target in [assign.target]
-        if isinstance(target, nodes.Name)
-    }
-    for loop in tree.find_all(nodes.For):
-        if _is_content(loop.iter) or (
-            isinstance(loop.iter, nodes.Name) and loop.iter.name in content_vars
-        ):
-            return "openai"
-    return "string"
-
-
-def _is_content(node: nodes.Node) -> bool:
-    if isinstance(node, nodes.Getitem):
-        return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
-    return isinstance(node, nodes.Getattr) and node.attr == "content"
-
-
-def _normalize(
-    messages: list[Message], form: str, placeholder: str | None, template_name: str
-) -> list[Message]:
-    """Message content as vLLM hands it to the template, and tool-call arguments parsed from
-    their JSON strings."""
-    normalized = []
-    for position, message in enumerate(messages):
-        message = dict(message)
-        content = message.get("content")
-        if isinstance(content, str) and form == "openai":
-            message["content"] = [{"type": "text", "text": content}]
-        elif isinstance(content, list):
-            texts, images = _parts(content, position)
-            if form == "openai":
-                message["content"] = [
-                    {"type": "image"} if text is None else {"type": "text", "text": text}
-                    for text in texts
-                ]
-            else:
-                if images and placeholder is None:
-                    raise BadLine(
-                        f"messages[{position}] has an image content part, and the chat template "
-                        f"{template_name!r} defines no image placeholder (a text-only model)"
-                    )
-                words = [text for text in texts if text is not None]
-                message["content"] = "\n".join([placeholder or ""] * images + words)
-        if message.get("tool_calls"):
-            message["tool_calls"] = [_parse_arguments(call) for call in message["tool_calls"]]
-        normalized.append(message)
-    return normalized
-
-
-def _parts(parts: list[Any], position: int) -> tuple[list[str | None], int]:
-    """The content parts in order (None for an image) and the number of images."""
-    items: list[str | None] = []
-    for part in parts:
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if isinstance(part, str):
-            items.append(part)
-        elif kind in ("text", "input_text") and isinstance(part.get("text"), str):
-            items.append(part["text"])
-        elif kind in IMAGE_PARTS:
-            items.append(None)
-        else:
-            raise BadLine(f"messages[{position}] has a {kind!r} content part (not read)")
-    return items, items.count(None)
-
-
-def _parse_arguments(call: Any) -> Any:
-    call = copy.deepcopy(call)
-    function = call.get("function") if isinstance(call, dict) else None
-    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-        with contextlib.suppress(ValueError):  # vLLM keeps unparseable arguments as they are
-            function["arguments"] = json.loads(function["arguments"])
-    return call
+    """vLLM's detection of a template's content format, "string" or "openai"."""
+    return vllm_content_format(tree)
 
 
 def chat_renderer(
@@ -208,10 +191,21 @@ def chat_renderer(
     *,
     choice: str | None = None,
     default_kwargs: dict[str, Any] | None = None,
+    rendering: str = "vllm",
 ) -> ChatRenderer:
     """The renderer for ``--chat-template``: one of the tokenizer's named templates, a built-in
     family template, or a template file; by default the tokenizer's own template, else Qwen2.5's.
+    ``rendering`` is the server whose request preparation is reproduced ("vllm", "sglang").
     """
+    return _chosen_renderer(template, special, choice, default_kwargs).with_rendering(rendering)
+
+
+def _chosen_renderer(
+    template: str | dict[str, str] | None,
+    special: SpecialTokens,
+    choice: str | None,
+    default_kwargs: dict[str, Any] | None,
+) -> ChatRenderer:
     kwargs = default_kwargs or {}
     placeholder = special.image_placeholder
     if choice is None:

@@ -38,6 +38,7 @@ class IngestOptions:
     fields: FieldMap | None = None  # --prompt-field, --time-field, ...
     chat_template: str | None = None  # --chat-template: a built-in, a named template or a file
     chat_template_kwargs: dict[str, Any] | None = None
+    rendering: str = "vllm"  # --render-as: the server whose request preparation is reproduced
     cache_dir: Path | None = None  # the token cache; None: no cache
     fast_tokenizer: bool = True  # the tiktoken fast path for byte-level BPE tokenizer.json
 
@@ -111,6 +112,7 @@ class ChunkedIngest:
                 special,
                 choice=self.options.chat_template,
                 default_kwargs=self.options.chat_template_kwargs,
+                rendering=self.options.rendering,
             )
         return self.renderer
 

@@ -1,48 +1,39 @@
-"""The analyze pipeline: load -> render -> tokenize -> workload -> replay -> diagnose -> report."""
+"""The analyze pipeline in four named steps: read (load, render, tokenize), replay (every request
+through the pool of caches), diagnose, report."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from analyzer.diagnose import diagnose_log
-from analyzer.diagnose.fixes import select_requests
+from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
-from analyzer.errors import PrefixcheckError
-from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, IngestOptions
+from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
-from analyzer.per_model import model_labels, model_summaries, replay_by_model
+from analyzer.pool import model_labels
 from analyzer.prefixes import TEMPLATE_MIN_TOKENS, SharedPrefix, shared_prefixes
 from analyzer.progress import NoProgress, Progress
-from analyzer.replay import (
-    Replays,
-    ReplaySettings,
-    arrival_order,
-    hit_rate,
-    in_input_order,
-    mean_request_hit_rate,
-)
+from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log, sample_of
 from analyzer.report import (
     DiagnosisScope,
     EngineSummary,
+    ModelSummary,
     PrefixSummary,
     Report,
     SkipSummary,
 )
 from analyzer.server_compare import compare_with_server, tokenization_note
+from analyzer.shares import hit_rate, mean_request_hit_rate
 from analyzer.snippets import snippet
-from analyzer.stream import sample_of, stream_replays
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
-from cache_models.workload import Workload
 
 DEFAULT_SAMPLE_TOKENS = 32_000_000
 
@@ -76,68 +67,82 @@ class Analysis:
 def analyze(
     paths: list[Path], options: AnalyzeOptions, progress: Progress | None = None
 ) -> Analysis:
+    """Read the log, replay it, diagnose it (its leading sample when streamed), report."""
     progress = progress or NoProgress()
-    shape = preset(options.model_preset)
-    settings = options.settings
+    log = read(paths, options, progress)
+    replayed = replay_log(
+        log.sample.tokenized,
+        log.rest,
+        options.settings,
+        progress,
+        namespace_labels=log.labels,
+        sample_trie=options.diagnose,
+    )
+    if not options.diagnose:
+        return report(log, replayed, None, options)
+    if not options.settings.sequential and replayed.order is None:
+        # replayed whole in memory for its mode: diagnosed on its leading sample all the same
+        replayed = _leading_sample(replayed, options.sample_tokens)
+    diagnosed = diagnose(log, replayed, options, progress)
+    return report(log, replayed, diagnosed, options)
+
+
+@dataclass
+class ReadLog:
+    """The log as read: its leading sample in memory (the whole log when it fits), then the
+    chunks after it, to stream (none when it fits)."""
+
+    reader: ChunkedIngest
+    sample: Ingested
+    rest: Iterator[TokenizedLog]
+
+    def labels(self) -> list[str]:
+        """Namespace labels of everything read so far (the whole log once streamed)."""
+        return self.reader.state.labels()
+
+
+def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> ReadLog:
+    """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
+    sequential reads the whole log); the rest is read as the replay streams it."""
     reader = ChunkedIngest(paths, options.ingest, progress)
     chunks = reader.chunks(options.chunk_records)
-    head = _head(chunks, options.sample_tokens if settings.streamable else None)
-    following = next(chunks, None)
-    if following is None:  # the whole log fits: replay and diagnose it all in memory
-        ingested = reader.finished(head)
-        whole = ingested.tokenized
-        _check_arrivals(whole.workload, settings)
-        order = arrival_order(whole.workload)
-        models = model_labels(whole.requests["model"])
-        if order is None:
-            replays = replay_by_model(whole.workload, models, settings, progress)
-        else:
-            replays = in_input_order(
-                replay_by_model(whole.workload.select(order), models[order], settings, progress),
-                order,
-            )
-        sample, sample_replays = whole, replays
-        if options.diagnose and order is None and not settings.streamable:
-            # replayed whole in memory for its mode: diagnosed on its leading sample all the same
-            sample = _leading(whole, options.sample_tokens)
-            if sample is not whole:
-                sample_replays = sample_of(replays, sample.workload)
-    else:  # stream the rest through the engines; diagnose the leading sample
-        ingested = reader.finished(head)
-        sample = ingested.tokenized
-        del head  # the sample holds their requests now
-        streamed = stream_replays(
-            chain([sample, following.tokenized], (c.tokenized for c in chunks)),
-            reader,
-            settings,
-            progress,
-        )
-        whole, replays = streamed.log, streamed.replays
-        order = None
-        sample_replays = sample_of(replays, sample.workload, own_trie=options.diagnose)
-    loaded, tokenizer, renderer = reader.loaded, reader.tokenizer, ingested.renderer
+    head = _head(chunks, options.sample_tokens if options.settings.sequential else None)
+    sample = reader.finished(head)
+    return ReadLog(reader, sample, (chunk.tokenized for chunk in chunks))
+
+
+def diagnose(
+    log: ReadLog, replayed: Replayed, options: AnalyzeOptions, progress: Progress
+) -> DiagnoseResult:
+    """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log."""
+    tokenizer, loaded = log.reader.tokenizer, log.reader.loaded
+    return diagnose_log(
+        replayed.sample.workload,
+        replayed.sample_replays,
+        replayed.order,
+        replayed.sample.requests,
+        options.settings,
+        _decoder(log),
+        options.redact,
+        options.what_if,
+        PartsSource(loaded.records, tokenizer, log.sample.renderer, options.ingest.cache_dir)
+        if tokenizer
+        else None,
+        progress,
+        check_curves=options.check_curves,
+    )
+
+
+def report(
+    log: ReadLog, replayed: Replayed, diagnosed: DiagnoseResult | None, options: AnalyzeOptions
+) -> Analysis:
+    """The report and the per-request table."""
+    settings = options.settings
+    whole, replays, sample = replayed.log, replayed.replays, replayed.sample
+    loaded, tokenizer, renderer = log.reader.loaded, log.reader.tokenizer, log.sample.renderer
+    decoder = _decoder(log)
     prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
     server_comparison = compare_with_server(whole.requests, replays, settings.block_size)
-
-    hash_trace = bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
-    decoder = tokenizer if tokenizer is not None and not hash_trace else None
-    diagnosed = None
-    if options.diagnose:
-        diagnosed = diagnose_log(
-            sample.workload,
-            sample_replays,
-            order,
-            sample.requests,
-            settings,
-            decoder,
-            options.redact,
-            options.what_if,
-            PartsSource(loaded.records, tokenizer, renderer, options.ingest.cache_dir)
-            if tokenizer
-            else None,
-            progress,
-            check_curves=options.check_curves,
-        )
     prefixes = [  # templates, not the shared heads of varying values
         prefix
         for prefix in shared_prefixes(
@@ -146,11 +151,10 @@ def analyze(
         if diagnosed is None or not diagnosed.values.ends_inside(prefix.tokens)
     ][: options.top_prefixes]
     block_size = settings.block_size
-    models = model_labels(whole.requests["model"])
     report = Report(
         inputs=loaded.formats,
         tokenizer=tokenizer.description if tokenizer else None,
-        chat_template=renderer.name if _has_chats(loaded) else None,
+        chat_template=renderer.description if _has_chats(loaded) else None,
         replay_mode=settings.mode,
         requests=whole.requests.height,
         prompt_tokens=int(prompt_lengths.sum()),
@@ -178,7 +182,7 @@ def analyze(
         ),
         alignment_loss_tokens=replays.sglang_page1.total_hit_tokens - replays.vllm.total_hit_tokens,
         block_size=block_size,
-        models=model_summaries(models, prompt_lengths, replays),
+        models=_model_summaries(model_labels(whole.requests["model"]), prompt_lengths, replays),
         server_comparison=server_comparison,
         shared_prefixes=[
             _prefix_summary(prefix, block_size, decoder, options.redact, whole)
@@ -189,22 +193,22 @@ def analyze(
         diagnosis_scope=DiagnosisScope(
             requests=sample.workload.n_requests,
             prompt_tokens=int(sample.workload.prompt_offsets[-1]),
-            ceiling_hit_tokens=sample_replays.ideal.total_hit_tokens,
-            whole_log=sample is whole,
+            ceiling_hit_tokens=replayed.sample_replays.ideal.total_hit_tokens,
+            whole_log=not replayed.streamed,
         )
         if diagnosed
         else None,
         notes=tokenization_note(server_comparison)
-        + _notes(whole, hash_trace, options.ingest.hash_block_size)
+        + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined, whole)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
-            if order is not None
+            if replayed.order is not None
             else []
         )
-        + ([] if sample is whole or not diagnosed else [_sample_note(sample, whole, settings)]),
+        + ([_sample_note(sample, whole, settings)] if replayed.streamed and diagnosed else []),
         prefill_estimate=prefill_estimate(
-            shape,
+            preset(options.model_preset),
             prompt_lengths,
             {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens},
             distinct_tokens=int(replays.trie.length.sum()),
@@ -214,14 +218,14 @@ def analyze(
     per_request = _per_request(whole.requests, replays)
     if diagnosed is not None:
         losses = pl.DataFrame(diagnosed.per_request)
-        if sample is not whole:  # per-request causes for the diagnosed sample only
+        if replayed.streamed:  # per-request causes for the diagnosed sample only
             losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
         per_request = per_request.hstack(losses)
     return Analysis(
         report=report,
         per_request=per_request,
         tokenized=sample,
-        replays=sample_replays,
+        replays=replayed.sample_replays,
     )
 
 
@@ -237,34 +241,58 @@ def _head(chunks: Iterator[Chunk], budget: int | None) -> list[Chunk]:
     return head
 
 
-def _leading(log: TokenizedLog, budget: int | None) -> TokenizedLog:
-    """The log's leading requests up to ``budget`` prompt tokens (at least one), or the log
-    itself when it holds no more: the diagnosis sample of a log replayed whole in memory."""
-    offsets = log.workload.prompt_offsets
-    if budget is None or int(offsets[-1]) <= budget:
-        return log
-    n = max(1, int(np.searchsorted(offsets, budget, side="right")) - 1)
-    return replace(
-        log,
-        requests=log.requests.head(n),
-        workload=select_requests(log.workload, np.arange(n)),
-    )
+def _hash_trace(loaded: LoadResult) -> bool:
+    return bool({"hash-trace", "bailian-trace"} & set(loaded.formats.values()))
 
 
-def _check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
-    if settings.time_model is not None and workload.arrival_s is None:
-        raise PrefixcheckError(
-            "--replay-in-time needs an arrival time on every request (a timestamp field, or "
-            "--time-field)"
+def _decoder(log: ReadLog) -> Tokenizer | None:
+    """The tokenizer that turns tokens back into text (none for ids or hash-id traces)."""
+    tokenizer = log.reader.tokenizer
+    return tokenizer if tokenizer is not None and not _hash_trace(log.reader.loaded) else None
+
+
+def _model_summaries(
+    models: np.ndarray, prompt_lengths: np.ndarray, replays: Replays
+) -> dict[str, ModelSummary]:
+    """Per-model figures, when the log holds more than one model."""
+    names = list(dict.fromkeys(models))
+    if len(names) <= 1:
+        return {}
+    summaries = {}
+    for name in names:
+        mask = models == name
+        lengths = prompt_lengths[mask]
+        engines = {"vllm": replays.vllm.hit_tokens[mask], "sglang": replays.sglang.hit_tokens[mask]}
+        summaries[name] = ModelSummary(
+            requests=int(mask.sum()),
+            prompt_tokens=int(lengths.sum()),
+            hit_tokens={engine: int(hits.sum()) for engine, hits in engines.items()},
+            hit_rate={engine: hit_rate(hits, lengths) for engine, hits in engines.items()},
         )
+    return summaries
 
 
 def _has_chats(loaded: LoadResult) -> bool:
     return any(r.messages for r in loaded.records)
 
 
+def _leading_sample(replayed: Replayed, budget: int | None) -> Replayed:
+    """``replayed`` with its diagnosis sample cut to the leading requests up to ``budget`` prompt
+    tokens (at least one): a replay in arrival order or with requests in flight is causal, so
+    its first k requests' results are those of the first k alone."""
+    log = replayed.sample
+    offsets = log.workload.prompt_offsets
+    if budget is None or int(offsets[-1]) <= budget:
+        return replayed
+    n = max(1, int(np.searchsorted(offsets, budget, side="right")) - 1)
+    sample = replace(log, requests=log.requests.head(n), workload=log.workload.select(np.arange(n)))
+    return replace(
+        replayed, sample=sample, sample_replays=sample_of(replayed.replays, sample.workload)
+    )
+
+
 def _sample_note(sample: TokenizedLog, whole: LogTable, settings: ReplaySettings) -> str:
-    how = "streamed" if settings.streamable else "replayed whole, in its replay mode"
+    how = "streamed" if settings.sequential else "replayed whole, in its replay mode"
     return (
         f"The log was {how}: hit rates, the ceiling and shared prefixes cover all "
         f"{whole.requests.height:,} requests; losses by cause, dynamic content, recommendations "

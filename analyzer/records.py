@@ -15,7 +15,9 @@ class Record:
     """A request: exactly one of ``messages``, ``prompt`` or ``prompt_token_ids`` is set.
 
     ``output_text`` / ``output_token_ids`` hold the answer when the log has it (multi-turn caching
-    depends on the answer's tokens); otherwise ``output_length`` may give its size alone.
+    depends on the answer's tokens); otherwise ``output_length`` may give its size alone. An
+    answer that is a message with ``tool_calls`` is ``output_message``: its tokens are what the
+    chat template renders for that assistant turn.
     ``server_cached_tokens`` is the serving engine's own count of prompt tokens served from its
     cache, when the log has it (compared with the replay), and ``server_prompt_tokens`` its count
     of the prompt's tokens (ours equal it when we tokenize as the server did); ``request_id``
@@ -31,6 +33,7 @@ class Record:
     prompt_token_ids: list[int] | np.ndarray | None = None
     output_text: str | None = None
     output_token_ids: list[int] | np.ndarray | None = None
+    output_message: Message | None = None
     output_length: int | None = None
     finish_reason: str | None = None
     cache_salt: str | None = None

@@ -1,24 +1,24 @@
-"""Replay a workload through both engines' cache models and the ideal cache."""
+"""The replay step: every request of a log, in arrival order, through the pool of engine caches
+(``analyzer.pool``) and the prefix trie, in memory or streamed chunk by chunk."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from itertools import chain
 
 import numpy as np
+import polars as pl
 
+from analyzer.errors import PrefixcheckError
+from analyzer.pool import CachePool, Router, concatenated, model_labels
 from analyzer.progress import NoProgress, Progress
+from analyzer.token_cache import CacheStats
+from analyzer.workload import LogTable, TokenizedLog
 from cache_models.config import SglangConfig, TimeModel, VllmConfig
 from cache_models.prefix_trie import PrefixTrie, TrieNodes
 from cache_models.result import ReplayResult
-from cache_models.sglang_radix import SglangRadixCache
-from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,16 @@ class ReplaySettings:
         )
 
     @property
-    def streamable(self) -> bool:
-        """Sequential replays can go chunk by chunk (nothing is in flight between chunks)."""
+    def sequential(self) -> bool:
+        """Each request finishes before the next starts: nothing is in flight between two
+        requests, so the replay can go chunk by chunk (streamed)."""
         return self.max_in_flight == 1 and self.time_model is None
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The caches the report replays: both engines, and SGLang at page size 1 (the alignment
+        loss) when its page is larger."""
+        return ("vllm", "sglang") + (("sglang_page1",) if self.page_size != 1 else ())
 
     @property
     def mode(self) -> str:
@@ -82,46 +89,157 @@ class Replays:
     ideal: ReplayResult
     trie: TrieNodes
 
-
-def replay_all(
-    workload: Workload, settings: ReplaySettings, progress: Progress | None = None
-) -> Replays:
-    progress = progress or NoProgress()
-    tokens = int(workload.prompt_lengths.sum())
-    trie = PrefixTrie()
-    jobs: dict[str, Callable[[], ReplayResult]] = {
-        "vllm": lambda: VllmPrefixCache(settings.vllm()).replay(workload),
-        "sglang": lambda: SglangRadixCache(settings.sglang()).replay(workload),
-        "ideal": lambda: trie.replay(workload),
-    }
-    if settings.page_size != 1:
-        jobs["sglang_page1"] = lambda: SglangRadixCache(settings.sglang(page_size=1)).replay(
-            workload
+    @classmethod
+    def of(cls, results: dict[str, ReplayResult], trie: TrieNodes) -> Replays:
+        sglang = results["sglang"]
+        return cls(
+            results["vllm"], sglang, results.get("sglang_page1", sglang), results["ideal"], trie
         )
-    progress.stage("replaying", len(jobs) * tokens)
-    results = in_parallel(jobs, lambda: progress.advance(tokens))
-    return Replays(
-        vllm=results["vllm"],
-        sglang=results["sglang"],
-        sglang_page1=results.get("sglang_page1", results["sglang"]),
-        ideal=results["ideal"],
-        trie=trie.nodes,
+
+    def each(self) -> dict[str, ReplayResult]:
+        return {
+            "vllm": self.vllm,
+            "sglang": self.sglang,
+            "sglang_page1": self.sglang_page1,
+            "ideal": self.ideal,
+        }
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The replay step's output: every request's row and results (input order), and the leading
+    sample's, which the diagnosis covers (the whole log unless it was streamed)."""
+
+    log: LogTable
+    replays: Replays
+    order: np.ndarray | None  # the arrival order an unsorted whole log was replayed in
+    sample: TokenizedLog
+    sample_replays: Replays
+
+    @property
+    def streamed(self) -> bool:
+        return self.sample is not self.log
+
+
+def replay_log(
+    sample: TokenizedLog,
+    rest: Iterator[TokenizedLog],
+    settings: ReplaySettings,
+    progress: Progress | None = None,
+    router: Router | None = None,
+    namespace_labels: Callable[[], list[str]] | None = None,
+    sample_trie: bool = True,
+) -> Replayed:
+    """Replay ``sample`` and then every chunk of ``rest`` through one pool of caches and one
+    prefix trie. Without a ``rest`` the log is whole: replayed in arrival order (sorted by
+    timestamp when it is not), results put back in input order. With one, the log streams in the
+    order it is read; ``namespace_labels()`` gives the whole stream's once it is read.
+    ``sample_trie`` False: a streamed sample keeps the whole log's trie (nothing diagnoses it)."""
+    following = next(rest, None)
+    if following is None:
+        _check_arrivals(sample.workload, settings)
+        order = arrival_order(sample.workload)
+        models = model_labels(sample.requests["model"])
+        if order is None:
+            replays = replay_all(sample.workload, settings, progress, models, router)
+        else:
+            ordered = replay_all(
+                sample.workload.select(order), settings, progress, models[order], router
+            )
+            replays = in_input_order(ordered, order)
+        return Replayed(sample, replays, order, sample, replays)
+    pool = CachePool(settings, settings.engines, router)
+    trie = PrefixTrie()
+    chunks: list[dict[str, ReplayResult]] = []
+    tables: list[LogTable] = []
+    for log in chain([sample, following], rest):
+        (progress or NoProgress()).stage("replaying (streamed)", None)
+        chunks.append(_fed(pool, trie, log.workload, model_labels(log.requests["model"])))
+        tables.append(_rows_only(log))
+    results = {name: concatenated([chunk[name] for chunk in chunks]) for name in chunks[0]}
+    replays = Replays.of(results, trie.nodes)
+    labels = namespace_labels() if namespace_labels else tables[-1].namespace_labels
+    whole = _joined(tables, labels)
+    return Replayed(
+        whole, replays, None, sample, sample_of(replays, sample.workload, own_trie=sample_trie)
     )
 
 
-def in_parallel(
-    jobs: dict[str, Callable[[], T]], done: Callable[[], None] | None = None
-) -> dict[str, T]:
-    """Run independent replays at once, in threads: the cache models' kernels release the GIL,
-    so they use every core without copying the workload into other processes."""
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-        futures = {name: pool.submit(job) for name, job in jobs.items()}
-        results = {}
-        for name, future in futures.items():
-            results[name] = future.result()
-            if done is not None:
-                done()
-    return results
+def replay_all(
+    workload: Workload,
+    settings: ReplaySettings,
+    progress: Progress | None = None,
+    models: np.ndarray | None = None,
+    router: Router | None = None,
+) -> Replays:
+    """One workload, in its order, through a fresh pool (each model on its own caches when
+    ``models`` labels the requests) and a fresh prefix trie."""
+    progress = progress or NoProgress()
+    pool = CachePool(settings, settings.engines, router)
+    trie = PrefixTrie()
+    progress.stage("replaying", (len(pool.engines) + 1) * int(workload.prompt_offsets[-1]))
+    return Replays.of(_fed(pool, trie, workload, models, progress.advance), trie.nodes)
+
+
+def _fed(
+    pool: CachePool,
+    trie: PrefixTrie,
+    workload: Workload,
+    models: np.ndarray | None,
+    done: Callable[[int], None] | None = None,
+) -> dict[str, ReplayResult]:
+    """The pool's and the trie's results for the next requests of the log, replayed at once."""
+    results, ideal = pool.feed(workload, models, {"ideal": lambda: trie.feed(workload)[0]}, done)
+    return results | {"ideal": ReplayResult("ideal", ideal["ideal"])}
+
+
+def _check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
+    if settings.time_model is not None and workload.arrival_s is None:
+        raise PrefixcheckError(
+            "--replay-in-time needs an arrival time on every request (a timestamp field, or "
+            "--time-field)"
+        )
+
+
+def sample_of(replays: Replays, sample: Workload, own_trie: bool = True) -> Replays:
+    """The leading requests' results (a sequential replay's first k requests are the same alone),
+    with a trie of the sample only, for the diagnosis of the sample (``own_trie`` False: the
+    whole log's trie, when nothing diagnoses the sample)."""
+    n = sample.n_requests
+
+    def head(result: ReplayResult) -> ReplayResult:
+        counters = {name: values[:n] for name, values in result.counters.items()}
+        return replace(result, hit_tokens=result.hit_tokens[:n], counters=counters, metrics={})
+
+    nodes = replays.trie
+    if own_trie:
+        trie = PrefixTrie()
+        trie.replay(sample)
+        nodes = trie.nodes
+    return Replays.of({name: head(r) for name, r in replays.each().items()}, nodes)
+
+
+def _rows_only(log: LogTable) -> LogTable:
+    """A chunk's rows without its tokens (so they can be freed)."""
+    return LogTable(
+        requests=log.requests,
+        skips=log.skips,
+        namespace_labels=log.namespace_labels,
+        from_text=log.from_text,
+        assumed_stop_finish=log.assumed_stop_finish,
+        token_cache=log.token_cache,
+    )
+
+
+def _joined(tables: list[LogTable], namespace_labels: list[str]) -> LogTable:
+    return LogTable(
+        requests=pl.concat([t.requests for t in tables], how="vertical_relaxed"),
+        skips=[skip for t in tables for skip in t.skips],
+        namespace_labels=namespace_labels,
+        from_text=any(t.from_text for t in tables),
+        assumed_stop_finish=sum(t.assumed_stop_finish for t in tables),
+        token_cache=CacheStats.total([t.token_cache for t in tables]),
+    )
 
 
 def arrival_order(workload: Workload) -> np.ndarray | None:
@@ -146,19 +264,4 @@ def in_input_order(replays: Replays, order: np.ndarray) -> Replays:
 
     first = replays.trie.first_request
     trie = replace(replays.trie, first_request=np.where(first >= 0, order[first], first))
-    return Replays(
-        vllm=unpermute(replays.vllm),
-        sglang=unpermute(replays.sglang),
-        sglang_page1=unpermute(replays.sglang_page1),
-        ideal=unpermute(replays.ideal),
-        trie=trie,
-    )
-
-
-def hit_rate(hit_tokens: np.ndarray, prompt_lengths: np.ndarray) -> float:
-    total = int(prompt_lengths.sum())
-    return int(hit_tokens.sum()) / total if total else 0.0
-
-
-def mean_request_hit_rate(hit_tokens: np.ndarray, prompt_lengths: np.ndarray) -> float:
-    return float(np.mean(hit_tokens / prompt_lengths)) if len(prompt_lengths) else 0.0
+    return Replays.of({name: unpermute(r) for name, r in replays.each().items()}, trie)

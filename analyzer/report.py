@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from analyzer.errors import Skip
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
-from analyzer.per_model import ModelSummary
 from analyzer.server_compare import ServerComparison
+from analyzer.shares import share
 
 if TYPE_CHECKING:
     from analyzer.diagnose.model import Diagnosis
@@ -33,6 +33,26 @@ class EngineSummary:
     mean_request_hit_rate: float
     metrics: dict[str, int] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """One model's share of the run: its requests and each engine's hits on its own caches."""
+
+    requests: int
+    prompt_tokens: int
+    hit_tokens: dict[str, int]
+    hit_rate: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "engines": {
+                engine: {"hit_tokens": self.hit_tokens[engine], "hit_rate": self.hit_rate[engine]}
+                for engine in self.hit_tokens
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -125,7 +145,7 @@ class Report:
             "ceiling": asdict(self.ceiling),
             "alignment_loss": {
                 "tokens": self.alignment_loss_tokens,
-                "share_of_prompt_tokens": _share(self.alignment_loss_tokens, self.prompt_tokens),
+                "share_of_prompt_tokens": share(self.alignment_loss_tokens, self.prompt_tokens),
                 "definition": "SGLang page-size-1 hits minus vLLM hits at the same capacity",
             },
             "block_size": self.block_size,
@@ -150,10 +170,6 @@ class Report:
                 else {}
             ),
         }
-
-
-def _share(part: int, whole: int) -> float:
-    return part / whole if whole else 0.0
 
 
 def _reason_kind(reason: str) -> str:

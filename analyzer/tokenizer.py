@@ -90,6 +90,19 @@ class SpecialTokens:
     eos_token: str | None = None
     add_bos_token: bool = False
     image_placeholder: str | None = None
+    unk_token: str | None = None
+    pad_token: str | None = None
+
+    def template_tokens(self) -> dict[str, str]:
+        """The special tokens a chat template sees (transformers passes its
+        ``special_tokens_map``: the ones the tokenizer sets)."""
+        tokens = {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "unk_token": self.unk_token,
+            "pad_token": self.pad_token,
+        }
+        return {name: token for name, token in tokens.items() if token is not None}
 
 
 class Tokenizer(Protocol):
@@ -326,6 +339,9 @@ def _from_files(
     except Exception as exc:
         raise PrefixcheckError(f"{tokenizer_json}: not a tokenizer.json ({exc})") from None
     config = _read_config(config_json) if config_json.is_file() else {}
+    files = template_files(config_json.parent)
+    if files:  # they take priority over the config's templates, as in transformers
+        config["chat_template"] = files["default"] if list(files) == ["default"] else files
     special = _special_tokens(config, backend, multimodal=_is_multimodal(config_json.parent))
     digest = hashlib.sha256(source)
     digest.update(json.dumps([special.bos_token, special.add_bos_token]).encode())
@@ -365,10 +381,23 @@ def _read_config(path: Path) -> dict[str, Any]:
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}, ...]
         config["chat_template"] = {item["name"]: item["template"] for item in template}
-    chat_template_file = path.parent / "chat_template.jinja"
-    if template is None and chat_template_file.is_file():  # newer transformers save it apart
-        config["chat_template"] = chat_template_file.read_text(encoding="utf-8")
     return config
+
+
+def template_files(folder: Path) -> dict[str, str]:
+    """A model folder's chat templates saved apart, as transformers' ``from_pretrained`` reads
+    them (tokenization_utils_base.py): ``chat_template.jinja`` is "default", and each
+    ``chat_templates/NAME.jinja`` is the template NAME."""
+    found: dict[str, str] = {}
+    paths = [("default", folder / "chat_template.jinja")]
+    paths += [(p.stem, p) for p in sorted((folder / "chat_templates").glob("*.jinja"))]
+    for name, path in paths:
+        if path.is_file():
+            try:
+                found[name] = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise PrefixcheckError(f"{path}: cannot read the chat template ({exc})") from None
+    return found
 
 
 def _is_multimodal(folder: Path) -> bool:
@@ -398,6 +427,8 @@ def _special_tokens(config: dict[str, Any], backend: Any, multimodal: bool) -> S
         eos_token=token_text(config.get("eos_token")),
         add_bos_token=bool(config.get("add_bos_token", False)),
         image_placeholder=placeholder,
+        unk_token=token_text(config.get("unk_token")),
+        pad_token=token_text(config.get("pad_token")),
     )
 
 

@@ -79,6 +79,8 @@ def build_workload(
     for record in records:
         try:
             text, add_special = _prompt_text(record, renderer)
+            if record.output_message is not None and text is not None:
+                record.output_text = _answer_text(record, text, renderer)
         except BadLine as exc:
             skip = Skip(record.file, record.line, exc.reason)
             if strict:
@@ -183,6 +185,42 @@ def _prompt_text(record: Record, renderer: ChatRenderer) -> tuple[str | None, bo
     if record.prompt is not None:
         return record.prompt, record.add_special_tokens is not False
     return None, False
+
+
+def _answer_text(record: Record, prompt: str, renderer: ChatRenderer) -> str | None:
+    """An answer that calls tools: what the template renders for that assistant turn (the chat
+    with the answer appended, past the prompt), up to the end-of-turn token, which the answer's
+    stop finish adds back. None when the template cannot render the answer."""
+    assert record.messages is not None and record.output_message is not None
+    try:
+        full = renderer.render(
+            [*record.messages, record.output_message],
+            record.tools,
+            record.arrival_s,
+            kwargs=record.chat_template_kwargs,
+            add_generation_prompt=False,
+        )
+    except BadLine:
+        return None
+    answer = full[_shared_prefix(prompt, full) :]
+    eos = renderer.special.eos_token
+    if eos and eos in answer:
+        answer = answer[: answer.rindex(eos)]
+    return answer or None
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix (a binary search over C-level comparisons)."""
+    if b.startswith(a):
+        return len(a)
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _output_tokens(

@@ -79,12 +79,21 @@ class Workload:
         return self.output_tokens[self.output_offsets[i] : self.output_offsets[i + 1]]
 
     def select(self, indices: np.ndarray) -> Workload:
-        """A new workload holding the requests at ``indices``, in that order."""
-        prompts = [self.prompt(int(i)) for i in indices]
-        outputs = [self.output(int(i)) for i in indices]
-        arrival = None if self.arrival_s is None else self.arrival_s[indices]
-        return Workload.from_arrays(
-            prompts, outputs, self.namespace[indices], self.stop_finish[indices], arrival
+        """A new workload holding the requests at ``indices``, in that order (array gathers
+        only: no per-request arrays)."""
+        indices = np.asarray(indices, np.int64)
+        prompts, prompt_offsets = _gather(self.prompt_tokens, self.prompt_offsets, indices)
+        outputs, output_offsets = _gather(self.output_tokens, self.output_offsets, indices)
+        return Workload(
+            prompt_tokens=prompts.astype(np.int32, copy=False),
+            prompt_offsets=prompt_offsets,
+            output_tokens=outputs.astype(np.int32, copy=False),
+            output_offsets=output_offsets,
+            namespace=np.asarray(self.namespace[indices], np.int32),
+            stop_finish=np.asarray(self.stop_finish[indices], bool),
+            arrival_s=None
+            if self.arrival_s is None
+            else np.asarray(self.arrival_s[indices], np.float64),
         )
 
     @classmethod
@@ -144,3 +153,14 @@ def _offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
     offsets = np.zeros(len(parts) + 1, np.int64)
     np.cumsum([len(p) for p in parts], out=offsets[1:])
     return offsets
+
+
+def _gather(
+    tokens: np.ndarray, offsets: np.ndarray, indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The token runs of ``indices`` (flat tokens + offsets), concatenated in that order."""
+    lengths = (offsets[1:] - offsets[:-1])[indices]
+    new_offsets = np.zeros(len(indices) + 1, np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    shift = np.repeat(offsets[:-1][indices] - new_offsets[:-1], lengths)
+    return tokens[np.arange(new_offsets[-1]) + shift], new_offsets

@@ -22,6 +22,7 @@ from cli.inputs import (
     HashBlockSize,
     MessagesField,
     PromptField,
+    RenderAs,
     SaltField,
     TenantField,
     TimeField,
@@ -47,6 +48,7 @@ def export_trace_command(
     salt_field: SaltField = None,
     chat_template: ChatTemplate = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
+    render_as: RenderAs = "vllm",
     cache: Cache = True,
     fast_tokenizer: FastTokenizer = True,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False,
@@ -67,6 +69,7 @@ def export_trace_command(
             salt_field=salt_field,
             chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs,
+            render_as=render_as,
             cache=cache,
             fast_tokenizer=fast_tokenizer,
         )

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from analyzer.chat_server import RENDERINGS
 from analyzer.errors import PrefixcheckError
 from analyzer.ingest import IngestOptions
 from analyzer.loaders import format_names
@@ -52,6 +53,13 @@ ChatTemplate = Annotated[
 ChatTemplateKwargs = Annotated[
     str | None,
     typer.Option(help="JSON object passed to the template, e.g. '{\"enable_thinking\": false}'."),
+]
+RenderAs = Annotated[
+    str,
+    typer.Option(
+        help="Prepare chat requests as this server does before the template: vllm (its OpenAI "
+        "server) or sglang."
+    ),
 ]
 Cache = Annotated[
     bool, typer.Option(help=f"Keep token ids in the token cache ({default_cache_dir()}).")
@@ -101,10 +109,16 @@ def ingest_options(
     salt_field: str | None,
     chat_template: str | None,
     chat_template_kwargs: str | None,
+    render_as: str = "vllm",
     cache: bool,
     fast_tokenizer: bool,
 ) -> IngestOptions:
-    """The reading flags of a command as IngestOptions; a bad --chat-template-kwargs raises."""
+    """The reading flags of a command as IngestOptions; a bad --chat-template-kwargs or
+    --render-as raises."""
+    if render_as not in RENDERINGS:
+        raise PrefixcheckError(
+            f"--render-as {render_as!r}: expected one of {', '.join(RENDERINGS)}"
+        )
     return IngestOptions(
         format=log_format,
         tokenizer=tokenizer,
@@ -113,6 +127,7 @@ def ingest_options(
         fields=field_map(prompt_field, messages_field, time_field, tenant_field, salt_field),
         chat_template=chat_template,
         chat_template_kwargs=template_kwargs(chat_template_kwargs),
+        rendering=render_as,
         cache_dir=cache_dir(cache),
         fast_tokenizer=fast_tokenizer,
     )

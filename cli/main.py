@@ -36,6 +36,7 @@ from cli.inputs import (
     HashBlockSize,
     MessagesField,
     PromptField,
+    RenderAs,
     SaltField,
     TenantField,
     TimeField,
@@ -163,6 +164,7 @@ def analyze_command(
     salt_field: SaltField = None,
     chat_template: ChatTemplate = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
+    render_as: RenderAs = "vllm",
     cache: Cache = True,
     fast_tokenizer: FastTokenizer = True,
     json_path: Annotated[
@@ -233,6 +235,7 @@ def analyze_command(
             salt_field=salt_field,
             chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs,
+            render_as=render_as,
             cache=cache,
             fast_tokenizer=fast_tokenizer,
         )

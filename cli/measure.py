@@ -27,6 +27,7 @@ from cli.inputs import (
     HashBlockSize,
     MessagesField,
     PromptField,
+    RenderAs,
     SaltField,
     TenantField,
     TimeField,
@@ -57,6 +58,7 @@ def measure_command(
     salt_field: SaltField = None,
     chat_template: ChatTemplate = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
+    render_as: RenderAs = "vllm",
     cache: Cache = True,
     fast_tokenizer: FastTokenizer = True,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False,
@@ -106,6 +108,7 @@ def measure_command(
             salt_field=salt_field,
             chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs,
+            render_as=render_as,
             cache=cache,
             fast_tokenizer=fast_tokenizer,
         )

@@ -7,7 +7,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from analyzer.per_model import ModelSummary
+from analyzer.report import ModelSummary
 from analyzer.server_compare import ServerComparison
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}

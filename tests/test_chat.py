@@ -36,11 +36,12 @@ def test_default_system_prompt_when_none_given() -> None:
 
 
 def test_tools_render_as_json_lines_without_html_escaping() -> None:
-    tool = {"type": "function", "function": {"name": "get", "description": "a <b> & c"}}
+    tool = {"function": {"description": "a <b> & c", "name": "get", "x-extra": 1}}
     text = builtin().render([{"role": "user", "content": "x"}], tools=[tool])
+    # dumped as vLLM's request model dumps it: its field order, parameters null, extras dropped
     assert (
-        '<tools>\n{"type": "function", "function": {"name": "get", "description": "a <b> & c"}}'
-        "\n</tools>" in text
+        '<tools>\n{"type": "function", "function": {"name": "get", "description": "a <b> & c", '
+        '"parameters": null}}\n</tools>' in text
     )
     assert text.index("# Tools") < text.index("<|im_start|>user")
 
@@ -112,11 +113,36 @@ def test_template_that_does_not_compile() -> None:
         renderer.render([{"role": "user", "content": "x"}])
 
 
+TOOL = {"type": "function", "function": {"name": "get"}}
+
+
 def test_named_templates_pick_tool_use_when_tools_given() -> None:
     renderer = ChatRenderer({"default": "plain", "tool_use": "tools"}, SPECIAL)
     assert renderer.render([{"role": "user", "content": "x"}]) == "plain"
-    assert renderer.render([{"role": "user", "content": "x"}], tools=[{"a": 1}]) == "tools"
+    assert renderer.render([{"role": "user", "content": "x"}], tools=[TOOL]) == "tools"
 
 
 def test_builtin_template_is_the_default() -> None:
     assert builtin().template == CHATML_TEMPLATE
+
+
+def test_sglang_rendering_differs_where_its_server_does() -> None:
+    vllm = builtin()
+    sglang = vllm.with_rendering("sglang")
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert "user\na b<|im_end|>" in sglang.render([{"role": "user", "content": parts}])
+    assert "user\na\nb<|im_end|>" in vllm.render([{"role": "user", "content": parts}])
+    bad = [
+        {"role": "user", "content": "x"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "f", "arguments": "{"}}],
+        },
+    ]
+    assert '"arguments": {}' in vllm.render(bad)  # vLLM coerces invalid JSON to {}
+    with pytest.raises(BadLine, match="must be valid JSON"):
+        sglang.render(bad)
+    tool = {"type": "function", "function": {"parameters": {}, "name": "f"}}
+    assert '{"parameters": {}, "name": "f", "description": null}' in sglang.render(bad[:1], [tool])
+    assert "SGLang" in sglang.description and "vLLM" in vllm.description

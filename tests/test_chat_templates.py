@@ -95,8 +95,15 @@ def test_content_format_detected_like_vllm() -> None:
     env = jinja2.Environment()
     assert content_format(env.parse(BUILTIN_TEMPLATES["gemma"].source)) == "openai"
     assert content_format(env.parse(BUILTIN_TEMPLATES["qwen2.5"].source)) == "string"
-    via_variable = "{% set c = message['content'] %}{% for p in c %}{{ p.text }}{% endfor %}"
-    assert content_format(env.parse(via_variable)) == "openai"
+    # vLLM follows aliases of `messages` and loops over `<message>.content` or a `content`
+    # variable, not any variable set from the content.
+    loop = "{% for m in msgs %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}"
+    assert content_format(env.parse("{% set msgs = messages %}" + loop)) == "openai"
+    assert content_format(env.parse("{% set msgs = other %}" + loop)) == "string"
+    named = "{% set content = message['content'] %}{% for p in content %}{{ p }}{% endfor %}"
+    assert content_format(env.parse(named)) == "openai"
+    other = "{% set c = message['content'] %}{% for p in c %}{{ p.text }}{% endfor %}"
+    assert content_format(env.parse(other)) == "string"
 
 
 def test_openai_format_template_sees_parts_and_images() -> None:

@@ -14,7 +14,6 @@ from analyzer.diagnose.fixes import (
     apply_edits,
     original_hits,
     rotate,
-    select_requests,
 )
 from analyzer.diagnose.plans import PadTarget, pad_plan, settings_plan, what_if_plan
 from analyzer.errors import PrefixcheckError
@@ -103,14 +102,22 @@ def test_what_if_names_and_combinations() -> None:
     assert ReplaySettings().block_size == 16  # plans never change the caller's settings
 
 
-def test_select_requests_is_workload_select() -> None:
+def test_workload_select_gathers_requests_in_order() -> None:
     workload = Workload.from_lists(
         [[1, 2, 3], [4], [5, 6]], [[7], [8, 9], None], namespace=[0, 1, 2], arrival_s=[3, 1, 2]
     )
     order = np.array([2, 0, 1, 0])
-    mine, theirs = select_requests(workload, order), workload.select(order)
+    mine = workload.select(order)
+    theirs = Workload.from_arrays(
+        [workload.prompt(int(i)) for i in order],
+        [workload.output(int(i)) for i in order],
+        workload.namespace[order],
+        workload.stop_finish[order],
+        workload.arrival_s[order],
+    )
     for field in ("prompt_tokens", "prompt_offsets", "output_tokens", "output_offsets"):
         assert getattr(mine, field).tolist() == getattr(theirs, field).tolist()
+        assert getattr(mine, field).dtype == getattr(theirs, field).dtype
     assert mine.namespace.tolist() == [2, 0, 1, 0]
     assert mine.arrival_s is not None and mine.arrival_s.tolist() == [2, 3, 1, 3]
 

@@ -44,6 +44,11 @@ def load(*names: str, **kwargs: object):  # type: ignore[no-untyped-def]
         ("mooncake_trace.jsonl", "hash-trace"),
         ("prompts.jsonl", "prompt"),
         ("tokens.jsonl", "tokens"),
+        ("vllm_server_v0_3.log", "vllm-log"),
+        ("vllm_server_v0_33.log", "vllm-log"),
+        ("litellm_spend_logs.jsonl", "litellm"),
+        ("openai_cache_control.jsonl", "openai"),
+        ("sharegpt_system.json", "sharegpt"),
     ],
 )
 def test_each_fixture_is_detected(name: str, expected: str) -> None:
@@ -312,3 +317,52 @@ def test_langfuse_prompt_count_under_either_input_convention() -> None:
         26,
     ]
     assert _prompt_tokens({"input": 26, "output": 12}) is None  # no total: unknown
+
+
+def test_vllm_0_3_log_spells_prompt_token_ids_with_spaces() -> None:
+    # vllm_server_v0_3.log: the line vLLM 0.2-0.3 writes (vllm/engine/async_llm_engine.py,
+    # AsyncLLMEngine.add_request: "Received request ...: prompt: ..., sampling params: ...,
+    # prompt token ids: ...").
+    result = load("vllm_server_v0_3.log")
+    assert len(result.records) == 1
+    assert result.records[0].prompt_token_ids[:3] == [151644, 872, 198]
+    assert result.skips[0].reason.startswith("not a 'Received request'")
+
+
+def test_vllm_0_33_log_joins_the_debug_details_line() -> None:
+    # vllm_server_v0_33.log: RequestLogger.log_inputs / log_outputs of vLLM 0.33
+    # (vllm/entrypoints/serve/utils/request_logger.py): prompt and ids on a DEBUG line, the
+    # parameters and LoRA on the INFO line, the answer's ids on a DEBUG line of their own.
+    result = load("vllm_server_v0_33.log")
+    (record,) = result.records
+    assert record.prompt_token_ids[-3:] == [151644, 77091, 198]
+    assert record.lora == "support"
+    assert record.output_token_ids == [9707, 0, 151645]
+    assert record.output_text == "Hello!" and record.finish_reason == "stop"
+    reasons = [s.reason for s in result.skips]
+    assert any("chatcmpl-77aa: vLLM logged no prompt" in r for r in reasons)
+
+
+def test_litellm_times_as_date_strings_and_tool_call_answers() -> None:
+    # litellm_spend_logs.jsonl: LiteLLM_SpendLogs rows (litellm/proxy/schema.prisma, startTime
+    # DateTime) as the proxy's /spend/logs API returns them, ISO strings with or without "T".
+    first, second = load("litellm_spend_logs.jsonl").records
+    assert first.arrival_s == 1767225600.25 and second.arrival_s == 1767225605.5
+    assert first.request_id == "chatcmpl-sl-1" and first.server_prompt_tokens == 21
+    assert second.output_message["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_openai_parts_with_cache_control_stay_openai() -> None:
+    # openai_cache_control.jsonl: OpenAI chat bodies with cache_control on text parts, as
+    # LiteLLM's prompt-caching docs send them to OpenAI-compatible servers.
+    result = load("openai_cache_control.jsonl")
+    assert len(result.records) == 2 and not result.skips
+    assert result.records[1].server_cached_tokens == 16
+
+
+def test_sharegpt_top_level_system() -> None:
+    # sharegpt_system.json: the "system" column of LLaMA-Factory's ShareGPT format
+    # (data/README.md) and FastChat's conversation records.
+    records = load("sharegpt_system.json").records
+    assert [len(r.messages) for r in records] == [2, 4]
+    assert records[0].messages[0] == {"role": "system", "content": "You are a terse assistant."}

@@ -74,3 +74,43 @@ def test_chunks_share_namespaces_and_unknown_tokens(tmp_path: Path) -> None:
     assert np.array_equal(
         whole.per_request["vllm_hit"].to_numpy(), streamed.per_request["vllm_hit"].to_numpy()
     )
+
+
+# The figures a streamed run computes over the whole log (the rest is the diagnosis of its sample).
+WHOLE_LOG_KEYS = (
+    "inputs",
+    "replay_mode",
+    "requests",
+    "prompt_tokens",
+    "output_tokens",
+    "skipped",
+    "engines",
+    "ceiling",
+    "alignment_loss",
+    "block_size",
+    "shared_prefixes",
+    "models",
+    "server_comparison",
+    "prefill_estimate",
+)
+
+
+@pytest.mark.parametrize(
+    "settings", [ReplaySettings(), ReplaySettings(capacity_tokens=64, page_size=2)]
+)
+def test_streamed_logs_of_several_models_equal_in_memory(settings: ReplaySettings) -> None:
+    """Two files, two models (one named, one not): each model keeps its own caches across chunks,
+    and every whole-log figure of the report is the in-memory run's."""
+    paths = [ROOT / "tests" / "fixtures" / "openai_chat.jsonl"]
+    paths.append(ROOT / "tests" / "fixtures" / "vllm_server.log")
+    options = AnalyzeOptions(settings=settings, chunk_records=1)
+    whole = analyze(paths, options)
+    streamed = analyze(paths, replace(options, sample_tokens=1))
+    a, b = whole.report.to_dict(), streamed.report.to_dict()
+    assert len(a["models"]) == 2
+    assert b["diagnosis_scope"]["whole_log"] is False
+    for key in WHOLE_LOG_KEYS:
+        assert a[key] == b[key], key
+    assert whole.per_request.drop([c for c in whole.per_request.columns if "_lost_" in c]).equals(
+        streamed.per_request.drop([c for c in streamed.per_request.columns if "_lost_" in c])
+    )

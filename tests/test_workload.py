@@ -89,3 +89,20 @@ def test_metadata_columns() -> None:
     assert (row["file"], row["line"], row["model"], row["arrival_s"]) == ("f", 3, "m", 2.0)
     assert row["prompt_tokens"] == len(log.workload.prompt(0))
     assert log.workload.arrival_s is not None and log.workload.arrival_s.tolist() == [2.0]
+
+
+def test_tool_call_answer_is_what_the_next_turn_renders() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"a": 1}'}}
+    answer = {"role": "assistant", "content": None, "tool_calls": [call]}
+    first = [{"role": "user", "content": "weather?"}]
+    second = [*first, answer, {"role": "tool", "tool_call_id": "c1", "content": "4C"}]
+    records = [
+        Record("f", 1, messages=first, output_message=answer, finish_reason="tool_calls"),
+        Record("f", 2, messages=second),
+    ]
+    log = build(records)
+    prompt, output = log.workload.prompt(0).tolist(), log.workload.output(0).tolist()
+    assert log.requests["output_known"][0]
+    assert output[-1] == TOKENIZER.token_id("<|im_end|>")
+    # the answer's tokens are exactly those the next turn's prompt holds after the first prompt
+    assert log.workload.prompt(1)[: len(prompt) + len(output)].tolist() == prompt + output

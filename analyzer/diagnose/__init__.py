@@ -10,7 +10,7 @@ import polars as pl
 
 from analyzer.diagnose.capacity import capacity_curves
 from analyzer.diagnose.dynamic import Site, Spans, ValueRanges, find_dynamic_content
-from analyzer.diagnose.fixes import apply_edits, original_hits, select_requests, with_namespace
+from analyzer.diagnose.fixes import apply_edits, original_hits, with_namespace
 from analyzer.diagnose.losses import CATEGORIES, Ceilings, attribute
 from analyzer.diagnose.measure import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
@@ -79,7 +79,7 @@ def diagnose_log(
         pl.struct(pl.col("model").fill_null(""), pl.col("lora").fill_null("")).rank("dense")
     ).to_series()
     if order is not None:
-        workload = select_requests(workload, order)
+        workload = workload.select(order)
         replays = Replays(
             vllm=replace(replays.vllm, hit_tokens=replays.vllm.hit_tokens[order]),
             sglang=replace(replays.sglang, hit_tokens=replays.sglang.hit_tokens[order]),
@@ -92,7 +92,7 @@ def diagnose_log(
         models = models[order]
         salt_free = salt_free[order]
         if reordered is not None:
-            reordered = replace(reordered, workload=select_requests(reordered.workload, order))
+            reordered = replace(reordered, workload=reordered.workload.select(order))
     inputs = DiagnoseInput(
         workload=workload,
         replays=replays,

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.diagnose.fixes import select_requests
 from analyzer.diagnose.measure import Scenario, replay_many, server_parts
 from analyzer.replay import ReplaySettings
 from cache_models.belady import belady_hit_blocks
@@ -192,7 +191,7 @@ def _models(
     streams: dict[str, list[BlockStream]] = {"vllm": [], "sglang": []}
     thresholds: dict[str, list[np.ndarray]] = {"vllm": [], "sglang": []}
     for indices in parts:
-        part = workload if len(parts) == 1 else select_requests(workload, indices)
+        part = workload if len(parts) == 1 else workload.select(indices)
         for engine, size in sizes.items():
             stream = block_stream(trie, part, size, cached[engine][indices])
             held_back = None

@@ -94,32 +94,6 @@ def rotate(
     return replace(workload, prompt_tokens=tokens)
 
 
-def select_requests(workload: Workload, indices: np.ndarray) -> Workload:
-    """The requests at ``indices``, in that order (``Workload.select`` with array gathers only:
-    no per-request arrays)."""
-    prompts = _gather(workload.prompt_tokens, workload.prompt_offsets, indices)
-    outputs = _gather(workload.output_tokens, workload.output_offsets, indices)
-    return Workload(
-        prompt_tokens=prompts[0],
-        prompt_offsets=prompts[1],
-        output_tokens=outputs[0],
-        output_offsets=outputs[1],
-        namespace=workload.namespace[indices],
-        stop_finish=workload.stop_finish[indices],
-        arrival_s=None if workload.arrival_s is None else workload.arrival_s[indices],
-    )
-
-
-def _gather(
-    tokens: np.ndarray, offsets: np.ndarray, indices: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    lengths = (offsets[1:] - offsets[:-1])[indices]
-    new_offsets = np.zeros(len(indices) + 1, np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    shift = np.repeat(offsets[:-1][indices] - new_offsets[:-1], lengths)
-    return tokens[np.arange(new_offsets[-1]) + shift], new_offsets
-
-
 def with_namespace(workload: Workload, namespace: np.ndarray) -> Workload:
     return replace(workload, namespace=namespace.astype(np.int32))
 

@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.diagnose.fixes import select_requests
+from analyzer.pool import CacheKey, CachePool, Routes
 from analyzer.replay import ReplaySettings
 from cache_models.prefix_trie import View, unbounded_hits
-from cache_models.sglang_radix import SglangRadixCache
-from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
 
 ENGINES = ("vllm", "sglang")
@@ -74,25 +72,17 @@ def replay_hits(scenario: Scenario) -> dict[str, np.ndarray]:
 
 
 def _model_replay(scenario: Scenario) -> dict[str, np.ndarray]:
-    """``replay_hits`` through the cache models themselves."""
-    workload, settings = scenario.workload, scenario.settings
-    parts = server_parts(scenario.servers, workload.n_requests)
-    hits = {engine: np.zeros(workload.n_requests, np.int64) for engine in scenario.engines}
-    for indices in parts:
-        part = workload if len(parts) == 1 else select_requests(workload, indices)
-        if "vllm" in hits:
-            hits["vllm"][indices] = VllmPrefixCache(settings.vllm()).replay(part).hit_tokens
-        if "sglang" in hits:
-            hits["sglang"][indices] = SglangRadixCache(settings.sglang()).replay(part).hit_tokens
-    return hits
+    """``replay_hits`` through the cache models themselves: one pool, each server's requests on
+    caches of their own."""
+    pool = CachePool(scenario.settings, scenario.engines)
+    results, _ = pool.feed(scenario.workload, scenario.servers)
+    return {engine: results[engine].hit_tokens.astype(np.int64) for engine in scenario.engines}
 
 
 def server_parts(servers: np.ndarray | None, n_requests: int) -> list[np.ndarray]:
-    """The request indices of each server, in order of first appearance."""
-    if servers is None:
-        return [np.arange(n_requests)]
-    _, first, inverse = np.unique(servers, return_index=True, return_inverse=True)
-    return [np.flatnonzero(inverse == k) for k in np.argsort(first)]
+    """The request indices of each server, in order of first appearance (the pool's routes)."""
+    routes = Routes.one(n_requests) if servers is None else Routes.of_labels(servers, CacheKey)
+    return routes.parts()
 
 
 def replay_many(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
@@ -114,11 +104,7 @@ def replay_many(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
 
 
 def _unbounded_sequential(settings: ReplaySettings) -> bool:
-    return (
-        settings.capacity_tokens is None
-        and settings.max_in_flight == 1
-        and settings.time_model is None
-    )
+    return settings.capacity_tokens is None and settings.sequential
 
 
 def _trie_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
@@ -137,7 +123,7 @@ def _trie_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
     by_view = {view: np.zeros(workload.n_requests, np.int64) for view in views}
     parts = server_parts(servers, workload.n_requests)
     for indices in parts:
-        part = workload if len(parts) == 1 else select_requests(workload, indices)
+        part = workload if len(parts) == 1 else workload.select(indices)
         for view, hits in zip(views, unbounded_hits(part, views), strict=True):
             by_view[view][indices] = hits
     results: list[dict[str, np.ndarray]] = [{} for _ in scenarios]

@@ -53,8 +53,7 @@ def _body(obj: dict[str, Any]) -> dict[str, Any]:
 def _has_anthropic_blocks(message: dict[str, Any]) -> bool:
     content = message.get("content")
     return isinstance(content, list) and any(
-        isinstance(block, dict)
-        and (block.get("type") in BLOCK_TYPES or "cache_control" in block or "source" in block)
+        isinstance(block, dict) and (block.get("type") in BLOCK_TYPES or "source" in block)
         for block in content
     )
 

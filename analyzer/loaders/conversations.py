@@ -50,7 +50,9 @@ def parse_sharegpt(obj: dict[str, Any], file: str, line: int) -> list[Record]:
     turns = obj.get("conversations")
     if not isinstance(turns, list):
         raise BadLine("field 'conversations' must be a list")
-    messages = []
+    # a top-level "system" (FastChat's and LLaMA-Factory's ShareGPT datasets) opens the chat
+    system = optional_str(obj, "system")
+    messages = [{"role": "system", "content": system}] if system else []
     for position, turn in enumerate(turns):
         if not isinstance(turn, dict) or turn.get("from") not in SHAREGPT_ROLES:
             speaker = turn.get("from") if isinstance(turn, dict) else turn

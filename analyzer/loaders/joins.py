@@ -23,6 +23,8 @@ class Answer:
     finish_reason: str | None = None
     server_cached_tokens: int | None = None
     server_prompt_tokens: int | None = None
+    lora: str | None = None  # vLLM >= 0.11 logs the LoRA on a line apart from the prompt
+    orphan_reason: str | None = None  # why a line without its request is skipped, if not generic
 
 
 def join_answers(records: Sequence[Record], answers: Sequence[Answer]) -> list[Skip]:
@@ -36,7 +38,8 @@ def join_answers(records: Sequence[Record], answers: Sequence[Answer]) -> list[S
                 Skip(
                     answer.file,
                     answer.line,
-                    f"answer to request {answer.request_id!r}, which no request line has "
+                    answer.orphan_reason
+                    or f"answer to request {answer.request_id!r}, which no request line has "
                     "(pass the file with the requests too)",
                 )
             )
@@ -48,6 +51,7 @@ def join_answers(records: Sequence[Record], answers: Sequence[Answer]) -> list[S
             "finish_reason",
             "server_cached_tokens",
             "server_prompt_tokens",
+            "lora",
         ):
             value = getattr(answer, name)
             if value is not None and getattr(record, name) is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import count, dict_field, optional_number, optional_str
+from analyzer.loaders.fields import count, dict_field, optional_str, parse_time
 from analyzer.loaders.openai_chat import check_messages, completion_fields
 from analyzer.records import Record
 
@@ -34,6 +34,7 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     if isinstance(response, dict):
         completion = completion_fields(response)
         record.output_text, record.finish_reason = completion.answer, completion.finish_reason
+        record.output_message = completion.message
         record.output_length = completion.output_length
         record.server_cached_tokens = completion.cached_tokens
         record.server_prompt_tokens = completion.prompt_tokens
@@ -47,6 +48,7 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
         or optional_str(metadata, "user_api_key_user_id")
         or None
     )
-    record.request_id = optional_str(obj, "id")
-    record.arrival_s = optional_number(obj, "startTime")
+    record.request_id = optional_str(obj, "id") or optional_str(obj, "request_id")
+    # startTime: epoch seconds in the payload, a datetime string where a logger stringifies it
+    record.arrival_s = parse_time(obj.get("startTime"), "startTime")
     return record

@@ -3,8 +3,9 @@
 Accepted shapes, one request a line:
 ``{"model": ..., "messages": [...], "tools": [...], "cache_salt": ...}`` (the request body), or
 ``{"request": {...body...}, "response": {...chat.completion...}}``; an answer is read from
-``response.choices[0].message.content`` or a top-level ``response`` / ``completion`` / ``output``
-string, and the server's cached prompt tokens from
+``response.choices[0].message.content`` (a message with ``tool_calls`` is kept whole: its tokens
+are what the template renders for the turn) or a top-level ``response`` / ``completion`` /
+``output`` string, and the server's cached prompt tokens from
 ``response.usage.prompt_tokens_details.cached_tokens``.
 
 The body's ``cache_salt`` (vLLM) separates cache namespaces; ``user`` or ``prompt_cache_key``
@@ -32,6 +33,7 @@ class Completion(NamedTuple):
     created: float | None = None
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     prompt_tokens: int | None = None  # usage.prompt_tokens
+    message: Message | None = None  # an answer that calls tools: the assistant message
 
 
 def matches(obj: dict[str, Any]) -> bool:
@@ -45,6 +47,7 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     completion = response_fields(obj)
     arrival = optional_number(obj, "timestamp")
     record.output_text = completion.answer
+    record.output_message = completion.message
     record.output_length = completion.output_length
     record.finish_reason = completion.finish_reason or optional_str(obj, "finish_reason")
     record.server_cached_tokens = completion.cached_tokens
@@ -115,10 +118,11 @@ def response_fields(obj: dict[str, Any]) -> Completion:
 def completion_fields(response: dict[str, Any]) -> Completion:
     """The fields of a ``chat.completion`` (or ``text_completion``) object."""
     choices = response.get("choices")
-    answer = finish_reason = None
+    answer = finish_reason = tool_message = None
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         message = choices[0].get("message") or {}
-        if isinstance(message, dict) and isinstance(message.get("content"), str):
+        tool_message = tool_call_message(message)
+        if tool_message is None and isinstance(message.get("content"), str):
             answer = message["content"]
         elif isinstance(choices[0].get("text"), str):  # a completions response
             answer = choices[0]["text"]
@@ -133,4 +137,20 @@ def completion_fields(response: dict[str, Any]) -> Completion:
         float(created) if isinstance(created, int) else None,
         cached_tokens(usage),
         count(usage.get("prompt_tokens")),
+        tool_message,
     )
+
+
+def tool_call_message(message: Any) -> Message | None:
+    """An assistant answer that calls tools, as the next turn's history holds it; else None."""
+    if not isinstance(message, dict) or not isinstance(message.get("tool_calls"), list):
+        return None
+    if not message["tool_calls"]:
+        return None
+    content = message.get("content")
+    return {
+        "role": "assistant",
+        "content": content if isinstance(content, str | list) else None,
+        "tool_calls": message["tool_calls"],
+        **{k: message[k] for k in ("reasoning_content", "reasoning") if message.get(k) is not None},
+    }

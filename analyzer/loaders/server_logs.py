@@ -13,6 +13,21 @@
   special tokens, as vLLM does); ``prompt_token_ids``, when logged, are used as they are. vLLM's
   timestamps have no year: arrival times count from 1 January 2000, in log order.
 
+  Releases 0.2-0.3 (``vllm/engine/async_llm_engine.py``) spelled it ``sampling params: ...,
+  prompt token ids: [...]``. Since 0.11 (``vllm/entrypoints/serve/utils/request_logger.py`` in
+  0.33) the prompt and ids are on a DEBUG line of their own, the parameters and LoRA on the INFO
+  line, and the answer's ids on a DEBUG line beside the INFO answer::
+
+    DEBUG 06-12 10:30:45 [request_logger.py:56] Request chatcmpl-1f2e details: prompt: '...',
+    prompt_token_ids: [151644, ...], prompt_embeds shape: None.
+    INFO 06-12 10:30:45 [request_logger.py:66] Received request chatcmpl-1f2e: params:
+    SamplingParams(...), lora_request: None.
+    DEBUG ... Generated response chatcmpl-1f2e details: output_token_ids: [39814, ...]
+    INFO ... Generated response chatcmpl-1f2e: output: 'Sure...', finish_reason: stop
+
+  The lines of one request are joined by its id; an INFO line alone (vLLM at INFO logs no
+  prompt) is a reasoned skip.
+
 - SGLang (``--log-requests``), from ``tokenizer_manager.py``::
 
     [2025-06-12 10:30:45] Receive: obj=GenerateReqInput(text='...', input_ids=None, ...,
@@ -37,8 +52,13 @@ from analyzer.loaders.fields import count
 from analyzer.loaders.joins import Answer
 from analyzer.records import Record
 
-VLLM_REQUEST = re.compile(r"Received request (\S+?): prompt: ")
+VLLM_REQUEST = re.compile(r"(?:Received request|Request) (\S+?)(?: details)?: prompt: ")
+VLLM_PARAMS = re.compile(r"Received request (\S+?): params: ")
 VLLM_ANSWER = re.compile(r"Generated response (\S+?)( \(streaming (?:delta|complete)\))?: output: ")
+VLLM_ANSWER_IDS = re.compile(
+    r"Generated response (\S+?)( \(streaming (?:delta|complete)\))? details: output_token_ids: "
+)
+VLLM_IDS = (", prompt_token_ids: ", ", prompt token ids: ")  # 0.4 on; 0.2-0.3
 VLLM_TIME = re.compile(r"\b(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\b")
 SGLANG_RECEIVE = "Receive: obj="
 SGLANG_FINISH = "Finish: obj="
@@ -52,7 +72,7 @@ def is_text(line: Any) -> bool:
 
 
 def matches_vllm(line: str) -> bool:
-    return VLLM_REQUEST.search(line) is not None
+    return VLLM_REQUEST.search(line) is not None or VLLM_PARAMS.search(line) is not None
 
 
 def matches_sglang(line: str) -> bool:
@@ -62,17 +82,16 @@ def matches_sglang(line: str) -> bool:
 def parse_vllm(line: str, file: str, number: int) -> Record | Answer:
     request = VLLM_REQUEST.search(line)
     if request is None:
-        answer = VLLM_ANSWER.search(line)
-        if answer is None:
-            raise BadLine("not a 'Received request' or 'Generated response' line")
-        return _vllm_answer(line, answer, file, number)
+        return _vllm_other(line, file, number)
     request_id = request.group(1)
     prompt, end = _python_string(line, request.end())
     rest = line[end:]
-    ids_at = rest.rfind(", prompt_token_ids: ")
     token_ids = None
-    if ids_at >= 0:
-        token_ids = _int_list(rest[ids_at + len(", prompt_token_ids: ") :], "prompt_token_ids")
+    for spelling in VLLM_IDS:
+        ids_at = rest.rfind(spelling)
+        if ids_at >= 0:
+            token_ids = _int_list(rest[ids_at + len(spelling) :], "prompt_token_ids")
+            break
     if token_ids is None and not prompt:
         raise BadLine(f"request {request_id} logged neither prompt text nor prompt_token_ids")
     lora = LORA_NAME.search(rest[rest.rfind(", lora_request: ") :])
@@ -86,6 +105,35 @@ def parse_vllm(line: str, file: str, number: int) -> Record | Answer:
         request_id=request_id,
         arrival_s=_vllm_time(line[: request.start()]),
     )
+
+
+def _vllm_other(line: str, file: str, number: int) -> Answer:
+    """The INFO request line of vLLM >= 0.11 (its LoRA), or an answer line."""
+    params = VLLM_PARAMS.search(line)
+    if params is not None:
+        lora = LORA_NAME.search(line[line.rfind(", lora_request: ") :])
+        return Answer(
+            request_id=params.group(1),
+            file=file,
+            line=number,
+            lora=lora.group(1) if lora else None,
+            orphan_reason=f"request {params.group(1)}: vLLM logged no prompt (it logs prompts "
+            "on a DEBUG 'Request ... details' line: run with --log-level DEBUG)",
+        )
+    ids = VLLM_ANSWER_IDS.search(line)
+    if ids is not None:
+        if ids.group(2) and "delta" in ids.group(2):
+            raise BadLine("streaming delta (the complete answer is logged on its own line)")
+        return Answer(
+            request_id=ids.group(1),
+            file=file,
+            line=number,
+            output_token_ids=_int_list(line[ids.end() :], "output_token_ids") or None,
+        )
+    answer = VLLM_ANSWER.search(line)
+    if answer is None:
+        raise BadLine("not a 'Received request' or 'Generated response' line")
+    return _vllm_answer(line, answer, file, number)
 
 
 def _vllm_answer(line: str, match: re.Match[str], file: str, number: int) -> Answer:
