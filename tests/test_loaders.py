@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from analyzer.errors import PrefixcheckError, StrictModeError
+from analyzer.errors import PrefixcheckError, Skip, StrictModeError
 from analyzer.loaders import detect_format, load_logs
 from analyzer.loaders.hash_trace import expand_hash_ids
+from analyzer.loaders.jsonl import json_object
 
 
 def write_lines(path: Path, lines: list[object]) -> Path:
@@ -194,3 +196,24 @@ def test_several_files_keep_order(tmp_path: Path) -> None:
     loaded = load_logs([first, second])
     assert [r.file for r in loaded.records] == [str(first), str(second)]
     assert loaded.formats == {str(first): "tokens", str(second): "prompt"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"prompt_token_ids": [1, 2, 3], "x": -0, "y": 1.5e308, "z": "\\u00e9"}',
+        b'{"a": "\\ud800", "b": 123456789012345678901234567890}',  # msgspec refuses the surrogate
+        b'{"a": 1, "a": 2}',
+        '{"a": "é"}'.encode("utf-16"),  # the standard library detects UTF-16
+    ],
+)
+def test_json_lines_read_as_the_standard_library_does(raw: bytes) -> None:
+    assert json_object(raw, "f", 1) == json.loads(raw)
+
+
+def test_json_lines_the_fast_decoder_refuses_keep_their_reading() -> None:
+    nan = json_object(b'{"timestamp": NaN, "prompt": "x"}', "f", 1)
+    assert isinstance(nan, dict) and math.isnan(nan["timestamp"])
+    assert json_object(b"[1, 2]", "f", 3) == Skip("f", 3, "expected a JSON object, got list")
+    bad = json_object(b'{"a": 1} x', "f", 2)
+    assert isinstance(bad, Skip) and bad.reason.startswith("malformed JSON (Extra data")
