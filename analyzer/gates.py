@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.diagnose.losses import CATEGORIES
 from analyzer.errors import PrefixcheckError
+from analyzer.shares import share
 
 ENGINES = ("vllm", "sglang")
 _LOSS_LIMIT = re.compile(r"^\s*([a-z_]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
@@ -29,6 +31,9 @@ class LossLimit:
                 f"--max-loss {text!r}: expected KIND=TOKENS or KIND=PERCENT% (e.g. alignment=5%)"
             )
         kind, number, percent = match.groups()
+        if kind not in CATEGORIES:
+            known = ", ".join(sorted(CATEGORIES))
+            raise PrefixcheckError(f"--max-loss {text!r}: unknown loss {kind!r}; known: {known}")
         value = float(number)
         if percent and value > 100:
             raise PrefixcheckError(f"--max-loss {text!r}: a percentage is at most 100%")
@@ -69,7 +74,6 @@ def evaluate_gates(
 ) -> list[GateResult]:
     """Check every gate on every selected engine of a report (its JSON form)."""
     results: list[GateResult] = []
-    prompt_tokens = report["prompt_tokens"]
     for name in engines_for(engine):
         summary = report["engines"][name]
         label = summary["label"]
@@ -86,10 +90,13 @@ def evaluate_gates(
                 )
             )
         for limit in max_losses:
-            tokens = loss_tokens(report, name, limit.kind)
-            value = tokens / prompt_tokens if limit.is_share else tokens
+            tokens, over = loss_tokens(report, name, limit.kind)
+            value = share(tokens, over) if limit.is_share else tokens
             passed = value <= limit.value
             shown = f"{value:.2%}" if limit.is_share else f"{tokens:,} tokens"
+            scope = report.get("diagnosis_scope")
+            if limit.kind in report.get("losses", {}).get(name, {}) and not _whole(scope):
+                shown += f" over the first {scope['requests']:,} requests"
             results.append(
                 GateResult(
                     name=f"{name}: {limit.kind} loss {limit.describe().split(' ', 1)[1]}",
@@ -102,13 +109,22 @@ def evaluate_gates(
     return results
 
 
-def loss_tokens(report: dict[str, Any], engine: str, kind: str) -> int:
-    """Tokens an engine lost to one cause, from the report's ``losses`` section."""
+def loss_tokens(report: dict[str, Any], engine: str, kind: str) -> tuple[int, int]:
+    """Tokens an engine lost to one cause, from the report's ``losses`` section, and the prompt
+    tokens they were measured on (the diagnosed sample's when the log was streamed)."""
     losses = report.get("losses", {}).get(engine)
     if losses is None and kind == "alignment":
-        return int(report["alignment_loss"]["tokens"]) if engine == "vllm" else 0
+        tokens = int(report["alignment_loss"]["tokens"]) if engine == "vllm" else 0
+        return tokens, report["prompt_tokens"]
     if losses is None or kind not in losses:
         known = sorted(losses or {"alignment": None})
         raise PrefixcheckError(f"--max-loss: unknown loss {kind!r}; known: {', '.join(known)}")
     entry = losses[kind]
-    return int(entry["tokens"] if isinstance(entry, dict) else entry)
+    scope = report.get("diagnosis_scope")
+    over = report["prompt_tokens"] if _whole(scope) else scope["prompt_tokens"]
+    return int(entry["tokens"] if isinstance(entry, dict) else entry), over
+
+
+def _whole(scope: dict[str, Any] | None) -> bool:
+    """Whether the diagnosis covered the whole log (reports without a scope did)."""
+    return scope is None or scope["whole_log"]

@@ -12,6 +12,7 @@ import polars as pl
 
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
+from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -44,7 +45,7 @@ class AnalyzeOptions:
     settings: ReplaySettings = field(default_factory=ReplaySettings)
     top_prefixes: int = 10
     redact: bool = False
-    what_if: tuple[str, ...] = ()  # --what-if: named fixes to replay
+    what_if: tuple[WhatIfSpec | str, ...] = ()  # --what-if: named fixes to replay
     model_preset: str = DEFAULT_ESTIMATE_PRESET  # the model shape of the prefill estimate
     # Logs with more prompt tokens stream through the engines chunk by chunk; the diagnosis
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
@@ -52,6 +53,13 @@ class AnalyzeOptions:
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
     diagnose: bool = True  # --no-diagnosis: hit rates, ceiling and shared prefixes only
     check_curves: bool = False  # --check-curves: full LRU replays where the curves are checked
+
+    def __post_init__(self) -> None:
+        """What-ifs parsed (if given as text) and checked against the settings before any read."""
+        specs = tuple(s if isinstance(s, WhatIfSpec) else WhatIfSpec.parse(s) for s in self.what_if)
+        for spec in specs:
+            spec.check(self.settings)
+        object.__setattr__(self, "what_if", specs)
 
 
 @dataclass(frozen=True)
@@ -190,14 +198,7 @@ def report(
         ],
         recommendations=diagnosed.diagnosis.recommendations if diagnosed else [],
         diagnosis=diagnosed.diagnosis if diagnosed else None,
-        diagnosis_scope=DiagnosisScope(
-            requests=sample.workload.n_requests,
-            prompt_tokens=int(sample.workload.prompt_offsets[-1]),
-            ceiling_hit_tokens=replayed.sample_replays.ideal.total_hit_tokens,
-            whole_log=not replayed.streamed,
-        )
-        if diagnosed
-        else None,
+        diagnosis_scope=_diagnosis_scope(replayed) if diagnosed else None,
         notes=tokenization_note(server_comparison)
         + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined, whole)
@@ -226,6 +227,24 @@ def report(
         per_request=per_request,
         tokenized=sample,
         replays=replayed.sample_replays,
+    )
+
+
+def _diagnosis_scope(replayed: Replayed) -> DiagnosisScope:
+    """The requests the diagnosis covers (the leading sample when streamed) and their hits: the
+    denominator of every share the diagnosis shows."""
+    sample, replays = replayed.sample, replayed.sample_replays
+    return DiagnosisScope(
+        requests=sample.workload.n_requests,
+        prompt_tokens=int(sample.workload.prompt_offsets[-1]),
+        ceiling_hit_tokens=replays.ideal.total_hit_tokens,
+        whole_log=not replayed.streamed,
+        log_requests=replayed.log.requests.height,
+        log_prompt_tokens=int(replayed.log.requests["prompt_tokens"].sum()),
+        hit_tokens={
+            "vllm": int(replays.vllm.hit_tokens.sum()),
+            "sglang": int(replays.sglang.hit_tokens.sum()),
+        },
     )
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from analyzer.diagnose.model import Diagnosis
 
 SCHEMA_VERSION = 1
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 SKIP_EXAMPLES = 5
 
 
@@ -97,12 +98,50 @@ class SkipSummary:
 
 @dataclass(frozen=True)
 class DiagnosisScope:
-    """The requests the diagnosis covered: the whole log, or its leading sample when streamed."""
+    """The requests the diagnosis covered: the whole log, or its leading sample when streamed.
+
+    It is the one denominator of every share the diagnosis shows (losses, curves, sweeps, bounds,
+    what-ifs): each renderer takes its shares and its description from here, so no table divides
+    a sample's tokens by the whole log's."""
 
     requests: int
     prompt_tokens: int
     ceiling_hit_tokens: int
     whole_log: bool
+    log_requests: int
+    log_prompt_tokens: int
+    hit_tokens: dict[str, int]  # each engine's hits on these requests (replayed with the log)
+
+    def share(self, tokens: float) -> float:
+        """``tokens`` as a share of the scope's prompt tokens."""
+        return share(tokens, self.prompt_tokens)
+
+    @property
+    def description(self) -> str:
+        """What the shares are over, in words, for the caption beside each table."""
+        if self.whole_log:
+            return (
+                f"over the whole log: {self.requests:,} requests, "
+                f"{self.prompt_tokens:,} prompt tokens"
+            )
+        rates = ", ".join(
+            f"{ENGINE_NAMES.get(engine, engine)} {self.share(hits):.1%}"
+            for engine, hits in self.hit_tokens.items()
+        )
+        return (
+            f"over the first {self.requests:,} requests, {self.prompt_tokens:,} prompt tokens "
+            f"({share(self.prompt_tokens, self.log_prompt_tokens):.1%} of the log's "
+            f"{self.log_prompt_tokens:,}), where the hit rates are {rates}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "share_of_log_prompt_tokens": share(self.prompt_tokens, self.log_prompt_tokens),
+            "hit_rate": {engine: self.share(hits) for engine, hits in self.hit_tokens.items()},
+            "ceiling_hit_rate": self.share(self.ceiling_hit_tokens),
+            "description": self.description,
+        }
 
 
 @dataclass(frozen=True)
@@ -129,6 +168,11 @@ class Report:
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
 
+    @property
+    def alignment_share(self) -> float:
+        """The alignment loss as a share of the whole log's prompt tokens."""
+        return share(self.alignment_loss_tokens, self.prompt_tokens)
+
     def to_dict(self) -> dict[str, Any]:
         """The versioned JSON form (stable keys)."""
         return {
@@ -145,7 +189,7 @@ class Report:
             "ceiling": asdict(self.ceiling),
             "alignment_loss": {
                 "tokens": self.alignment_loss_tokens,
-                "share_of_prompt_tokens": share(self.alignment_loss_tokens, self.prompt_tokens),
+                "share_of_prompt_tokens": self.alignment_share,
                 "definition": "SGLang page-size-1 hits minus vLLM hits at the same capacity",
             },
             "block_size": self.block_size,
@@ -158,15 +202,10 @@ class Report:
             ),
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
-            "diagnosis_scope": asdict(self.diagnosis_scope) if self.diagnosis_scope else None,
+            "diagnosis_scope": self.diagnosis_scope.to_dict() if self.diagnosis_scope else None,
             **(
-                self.diagnosis.to_dict(
-                    self.diagnosis_scope.prompt_tokens,
-                    self.diagnosis_scope.ceiling_hit_tokens,
-                )
+                self.diagnosis.to_dict(self.diagnosis_scope)
                 if self.diagnosis and self.diagnosis_scope
-                else self.diagnosis.to_dict(self.prompt_tokens, self.ceiling.hit_tokens)
-                if self.diagnosis
                 else {}
             ),
         }

@@ -59,8 +59,8 @@ def _option_names(command: Any) -> dict[str, str]:
     """Long flag name (``fail-under``, ``json``) -> parameter (``fail_under``, ``json_path``)."""
     names = {}
     for param in command.params:
-        if getattr(param, "param_type_name", None) != "option":
-            continue
+        if getattr(param, "param_type_name", None) != "option" or getattr(param, "hidden", False):
+            continue  # hidden options (old names) take no settings
         for opt in param.opts:
             if opt.startswith("--"):
                 names[opt[2:]] = param.name

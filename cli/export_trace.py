@@ -12,75 +12,42 @@ from analyzer.errors import PrefixcheckError
 from analyzer.export_trace import export_trace
 from analyzer.ingest import ingest
 from cli.common import fail
-from cli.inputs import (
-    Cache,
-    ChatTemplate,
-    ChatTemplateKwargs,
-    FastTokenizer,
-    Files,
-    Format,
-    HashBlockSize,
-    MessagesField,
-    PromptField,
-    RenderAs,
-    SaltField,
-    TenantField,
-    TimeField,
-    TokenizerSpec,
-    ingest_options,
-)
+from cli.flags import ReadFlags, flag_groups, writable
+from cli.inputs import Files
 from cli.progress import RichProgress
 
 
+@flag_groups
 def export_trace_command(
     files: Files,
     output: Annotated[Path, typer.Option("--output", "-o", help="The trace file (JSONL).")],
-    block_size: Annotated[
-        int, typer.Option(min=1, help="Tokens per hash id (Mooncake: 512; vLLM's block: 16).")
+    read: ReadFlags,
+    hash_id_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Tokens per hash id written (Mooncake: 512; vLLM's block: 16). Not --block-size: "
+            "that is vLLM's block for analyze and measure.",
+        ),
     ] = 512,
-    log_format: Format = "auto",
-    tokenizer: TokenizerSpec = None,
-    hash_block_size: HashBlockSize = None,
-    prompt_field: PromptField = None,
-    messages_field: MessagesField = None,
-    time_field: TimeField = None,
-    tenant_field: TenantField = None,
-    salt_field: SaltField = None,
-    chat_template: ChatTemplate = None,
-    chat_template_kwargs: ChatTemplateKwargs = None,
-    render_as: RenderAs = "vllm",
-    cache: Cache = True,
-    fast_tokenizer: FastTokenizer = True,
-    strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False,
+    block_size: Annotated[int | None, typer.Option(hidden=True)] = None,  # the old name
 ) -> None:
     """Tokenize logs and write them as a hash-id trace (timestamp ms, input_length,
-    output_length, chained hash_ids) for vLLM's timed_trace benchmark, Dynamo or AIPerf."""
+    output_length, chained hash_ids; output_hash_ids over known answers) for vLLM's timed_trace
+    benchmark, Dynamo or AIPerf."""
     errors = Console(stderr=True)
+    if block_size is not None:
+        fail(errors, "export-trace --block-size is now --hash-id-tokens (tokens per hash id)")
     try:
-        options = ingest_options(
-            log_format=log_format,
-            tokenizer=tokenizer,
-            strict=strict,
-            hash_block_size=hash_block_size,
-            prompt_field=prompt_field,
-            messages_field=messages_field,
-            time_field=time_field,
-            tenant_field=tenant_field,
-            salt_field=salt_field,
-            chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs,
-            render_as=render_as,
-            cache=cache,
-            fast_tokenizer=fast_tokenizer,
-        )
+        writable(output, "--output")
         with RichProgress(errors, enabled=errors.is_terminal) as progress:
-            ingested = ingest(files, options, progress)
-            written = export_trace(ingested.tokenized, block_size, output)
+            ingested = ingest(files, read.ingest, progress)
+            written = export_trace(ingested.tokenized, hash_id_tokens, output)
     except PrefixcheckError as exc:
         fail(errors, str(exc))
     skipped = len(ingested.loaded.skips) + len(ingested.tokenized.skips)
     errors.print(
-        f"prefixcheck: wrote {written:,} requests to {output} ({block_size}-token hash ids); "
+        f"prefixcheck: wrote {written:,} requests to {output} ({hash_id_tokens}-token hash ids); "
         f"{skipped:,} lines skipped",
         highlight=False,
         markup=False,

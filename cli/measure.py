@@ -14,54 +14,18 @@ from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS
 from analyzer.measure.result import Measurement
 from analyzer.pipeline import AnalyzeOptions, analyze
-from analyzer.replay import ReplaySettings
-from cache_models.config import SGLANG_EVICTION_POLICIES
 from cli.common import EXIT_GATE_FAILED, fail, write_text
-from cli.inputs import (
-    Cache,
-    ChatTemplate,
-    ChatTemplateKwargs,
-    FastTokenizer,
-    Files,
-    Format,
-    HashBlockSize,
-    MessagesField,
-    PromptField,
-    RenderAs,
-    SaltField,
-    TenantField,
-    TimeField,
-    TokenizerSpec,
-    ingest_options,
-)
+from cli.flags import CacheFlags, ReadFlags, flag_groups, writable
+from cli.inputs import Files
 from cli.progress import RichProgress
 from cli.render_measure import render_measurement
 
 
+@flag_groups
 def measure_command(
     files: Files,
-    log_format: Format = "auto",
-    tokenizer: TokenizerSpec = None,
-    block_size: Annotated[int, typer.Option(min=1, help="vLLM --block-size.")] = 16,
-    page_size: Annotated[int, typer.Option(min=1, help="SGLang --page-size.")] = 1,
-    capacity_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Usable KV capacity in tokens (default: unbounded).")
-    ] = None,
-    eviction_policy: Annotated[
-        str, typer.Option(help=f"SGLang policy: {', '.join(SGLANG_EVICTION_POLICIES)}.")
-    ] = "lru",
-    hash_block_size: HashBlockSize = None,
-    prompt_field: PromptField = None,
-    messages_field: MessagesField = None,
-    time_field: TimeField = None,
-    tenant_field: TenantField = None,
-    salt_field: SaltField = None,
-    chat_template: ChatTemplate = None,
-    chat_template_kwargs: ChatTemplateKwargs = None,
-    render_as: RenderAs = "vllm",
-    cache: Cache = True,
-    fast_tokenizer: FastTokenizer = True,
-    strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False,
+    read: ReadFlags,
+    cache: CacheFlags,
     model_preset: Annotated[
         str | None,
         typer.Option(
@@ -93,37 +57,15 @@ def measure_command(
 ) -> None:
     """Time prefills of sampled requests with and without each engine's cached prefix."""
     console, errors = Console(), Console(stderr=True)
-    if eviction_policy not in SGLANG_EVICTION_POLICIES:
-        fail(errors, f"unknown --eviction-policy {eviction_policy!r}")
     try:
-        reading = ingest_options(
-            log_format=log_format,
-            tokenizer=tokenizer,
-            strict=strict,
-            hash_block_size=hash_block_size,
-            prompt_field=prompt_field,
-            messages_field=messages_field,
-            time_field=time_field,
-            tenant_field=tenant_field,
-            salt_field=salt_field,
-            chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs,
-            render_as=render_as,
-            cache=cache,
-            fast_tokenizer=fast_tokenizer,
+        writable(json_path, "--json")
+        options = AnalyzeOptions(
+            ingest=read.ingest,
+            settings=cache.settings(),
+            model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
         )
     except PrefixcheckError as exc:
         fail(errors, str(exc))
-    options = AnalyzeOptions(
-        ingest=reading,
-        settings=ReplaySettings(
-            block_size=block_size,
-            page_size=page_size,
-            capacity_tokens=capacity_tokens,
-            eviction_policy=eviction_policy,
-        ),
-        model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
-    )
     measure_options = MeasureOptions(
         model_preset=model_preset,
         model_path=model,

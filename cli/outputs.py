@@ -31,17 +31,28 @@ def markdown(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
             f"| {summary['label']} | {summary['hit_tokens']:,} | {summary['hit_rate']:.2%} "
             f"| {summary['mean_request_hit_rate']:.2%} |"
         )
+    scope = report.get("diagnosis_scope")
+    sampled = bool(scope) and not scope["whole_log"]
+    if sampled:
+        lines += [
+            "",
+            f"Hit rates over the whole log; the diagnosis below covers its first "
+            f"{scope['requests']:,} requests.",
+        ]
     if gates:
         lines += ["", "| gate | result |", "| --- | --- |"]
         lines += [f"| {g.name} | {'✅' if g.passed else '❌'} {g.message} |" for g in gates]
     losses = report.get("losses")
     if losses:
         kinds = sorted({kind for per_engine in losses.values() for kind in per_engine})
-        lines += ["", "| recomputed tokens by cause | " + " | ".join(losses) + " |"]
+        title = "recomputed tokens by cause" + (" (sample)" if sampled else "")
+        lines += ["", f"| {title} | " + " | ".join(losses) + " |"]
         lines.append("| --- |" + " ---: |" * len(losses))
         for kind in kinds:
             cells = [_loss_cell(losses[engine].get(kind)) for engine in losses]
             lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+        if sampled:
+            lines += ["", f"Measured {_escape(scope['description'])}."]
     prefixes = report.get("shared_prefixes") or []
     if prefixes:
         block = report.get("block_size", 16)
@@ -58,7 +69,7 @@ def markdown(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
             )
     recommendations = report.get("recommendations") or []
     if recommendations:
-        lines += ["", "**Recommendations**", ""]
+        lines += ["", "**Recommendations**" + (" (measured on the sample)" if sampled else ""), ""]
         lines += [f"- {_escape(item['summary'])}" for item in recommendations]
     return "\n".join(lines) + "\n"
 

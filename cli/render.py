@@ -31,16 +31,15 @@ def render_report(report: Report, console: Console) -> None:
         console.print(estimate_table(report.prefill_estimate))
     if report.shared_prefixes:
         console.print(_prefixes(report, wide=console.width >= WIDE_CONSOLE))
-    if report.diagnosis is not None:
-        render_diagnosis(report.diagnosis, report.prompt_tokens, console)
+    scope = report.diagnosis_scope
+    if report.diagnosis is not None and scope is not None:
+        render_diagnosis(report.diagnosis, scope, console)
     if report.recommendations:
+        items = [Text(f"• {item.summary}") for item in report.recommendations]
+        if scope is not None and not scope.whole_log:
+            items.append(Text(f"Measured by replay {scope.description}.", style="dim"))
         console.print(
-            Panel(
-                Group(*(Text(f"• {item.summary}") for item in report.recommendations)),
-                title="Recommendations",
-                title_align="left",
-                border_style="green",
-            )
+            Panel(Group(*items), title="Recommendations", title_align="left", border_style="green")
         )
     for note in report.notes:
         console.print(Text(f"note: {note}", style="dim"))
@@ -90,11 +89,17 @@ def _engines(report: Report) -> Table:
             f"{summary.mean_request_hit_rate:.1%}",
             style=style,
         )
-    share = report.alignment_loss_tokens / report.prompt_tokens if report.prompt_tokens else 0.0
+    share = report.alignment_share
     table.caption = (
         f"Lost to block alignment (SGLang page-1 hits − vLLM hits): "
         f"{report.alignment_loss_tokens:,} tokens ({share:.1%} of prompt tokens)"
     )
+    scope = report.diagnosis_scope
+    if scope is not None and not scope.whole_log:
+        table.caption += (
+            f"\nOver the whole log: {report.requests:,} requests, {report.prompt_tokens:,} "
+            f"prompt tokens (the diagnosis below covers its first {scope.requests:,})."
+        )
     table.caption_justify = "left"
     return table
 

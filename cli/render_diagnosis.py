@@ -12,6 +12,7 @@ from rich.text import Text
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.model import Diagnosis
+from analyzer.report import DiagnosisScope
 
 CURVE_ROWS = 10
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -19,16 +20,28 @@ LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 STYLES = {"vllm": "cyan", "sglang": "magenta"}
 
 
-def render_diagnosis(diagnosis: Diagnosis, prompt_tokens: int, console: Console) -> None:
-    console.print(_losses(diagnosis, prompt_tokens))
+def render_diagnosis(diagnosis: Diagnosis, scope: DiagnosisScope, console: Console) -> None:
+    """Every table with its shares over ``scope`` (the sample when streamed), said beside it."""
+    tables = [_losses(diagnosis, scope)]
     if diagnosis.dynamic_content:
-        console.print(_dynamic(diagnosis))
+        tables.append(_dynamic(diagnosis))
     width = max(8, (console.width - 22) // 2 - 9)  # two engines, a label and a rate each
     if any(curve.points for curve in diagnosis.capacity_curves.values()):
-        console.print(_capacity_chart(diagnosis, prompt_tokens, width))
-    console.print(_size_chart(diagnosis, prompt_tokens, width))
+        tables.append(_capacity_chart(diagnosis, scope, width))
+    tables.append(_size_chart(diagnosis, scope, width))
     if diagnosis.what_if:
-        console.print(_what_if(diagnosis))
+        tables.append(_what_if(diagnosis))
+    for table in tables:
+        console.print(with_scope(table, scope))
+
+
+def with_scope(table: Table, scope: DiagnosisScope) -> Table:
+    """The table with the scope of its figures in its caption when they cover a sample."""
+    if not scope.whole_log:
+        line = f"Measured {scope.description}."
+        table.caption = f"{table.caption}\n{line}" if table.caption else line
+        table.caption_justify = "left"
+    return table
 
 
 def bar(share: float, width: int, style: str) -> Text:
@@ -41,7 +54,7 @@ def bar(share: float, width: int, style: str) -> Text:
     return text
 
 
-def _losses(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
+def _losses(diagnosis: Diagnosis, scope: DiagnosisScope) -> Table:
     table = Table(title="Recomputed prompt tokens by cause", box=box.SIMPLE, title_justify="left")
     table.add_column("cause")
     for engine in diagnosis.losses:
@@ -51,12 +64,12 @@ def _losses(diagnosis: Diagnosis, prompt_tokens: int) -> Table:
         cells = []
         for losses in diagnosis.losses.values():
             tokens = losses.tokens[name]
-            cells += [f"{tokens:,}", f"{tokens / prompt_tokens:.1%}" if prompt_tokens else "-"]
+            cells += [f"{tokens:,}", f"{scope.share(tokens):.1%}" if scope.prompt_tokens else "-"]
         table.add_row(name.replace("_", " "), *cells)
     totals = []
     for losses in diagnosis.losses.values():
         total = sum(losses.tokens.values())
-        totals += [f"{total:,}", f"{total / prompt_tokens:.1%}" if prompt_tokens else "-"]
+        totals += [f"{total:,}", f"{scope.share(total):.1%}" if scope.prompt_tokens else "-"]
     table.add_row(Text("recomputed (prompt − hit)", style="bold"), *totals, style="bold")
     table.caption = "Causes add up to each engine's recomputed tokens (see loss_definitions)."
     table.caption_justify = "left"
@@ -83,7 +96,7 @@ def _dynamic(diagnosis: Diagnosis) -> Table:
     return table
 
 
-def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
+def _capacity_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> Table:
     curves = diagnosis.capacity_curves
     table = Table(
         title="Hit rate against KV capacity (LRU, one pass)", box=box.SIMPLE, title_justify="left"
@@ -94,20 +107,19 @@ def _capacity_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Tab
     for capacity in _chart_capacities(curves):
         cells = []
         for engine, curve in curves.items():
-            rate = _hits_at(curve, capacity) / prompt_tokens if prompt_tokens else 0.0
-            cells.append(bar(rate, width, STYLES[engine]))
+            cells.append(bar(scope.share(_hits_at(curve, capacity)), width, STYLES[engine]))
         table.add_row(f"{capacity:,}", *cells)
     checks = []
     for engine, curve in curves.items():
-        error = curve.max_abs_error(prompt_tokens)
+        error = curve.max_abs_error(scope.prompt_tokens)
         if error is not None:
             checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
         for point in curve.checks:
-            if point.belady_hit_tokens is not None and prompt_tokens:
+            if point.belady_hit_tokens is not None and scope.prompt_tokens:
                 checks.append(
                     f"{LABELS[engine]} at {point.capacity_tokens:,}: LRU "
-                    f"{point.replay_hit_tokens / prompt_tokens:.1%}, Belady bound "
-                    f"{point.belady_hit_tokens / prompt_tokens:.1%}"
+                    f"{scope.share(point.replay_hit_tokens or 0):.1%}, Belady bound "
+                    f"{scope.share(point.belady_hit_tokens):.1%}"
                 )
     table.caption = "; ".join(checks)
     table.caption_justify = "left"
@@ -130,7 +142,7 @@ def _hits_at(curve: CapacityCurve, capacity: int) -> int:
     return below[-1] if below else 0
 
 
-def _size_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
+def _size_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> Table:
     table = Table(
         title="Hit rate against block size (vLLM) and page size (SGLang)",
         box=box.SIMPLE,
@@ -145,10 +157,10 @@ def _size_chart(diagnosis: Diagnosis, prompt_tokens: int, width: int) -> Table:
         cells = []
         for engine, points in sweep.items():
             hit = next((p.hit_tokens for p in points if p.size == size), None)
-            if hit is None or not prompt_tokens:
+            if hit is None or not scope.prompt_tokens:
                 cells.append(Text("-"))
                 continue
-            cells.append(bar(hit / prompt_tokens, width, STYLES[engine]))
+            cells.append(bar(scope.share(hit), width, STYLES[engine]))
         table.add_row(str(size), *cells)
     return table
 

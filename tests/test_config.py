@@ -50,3 +50,16 @@ def test_explicit_config_path(project: Path) -> None:
     (project / "ci.toml").write_text("fail-under = 0.9\n")
     result = runner.invoke(app, ["--config", "ci.toml", "analyze", "t.jsonl", "--quiet"])
     assert result.exit_code == 1
+
+
+def test_block_size_setting_leaves_export_trace_hash_ids_alone(project: Path) -> None:
+    """``block-size`` is vLLM's block (analyze, measure); export-trace's tokens per hash id is
+    ``--hash-id-tokens``, so a shared setting cannot change the trace."""
+    (project / "prefixcheck.toml").write_text("block-size = 4\n")
+    result = runner.invoke(app, ["export-trace", "t.jsonl", "-o", "trace.jsonl"])
+    assert result.exit_code == 0, result.output
+    first = json.loads((project / "trace.jsonl").read_text().splitlines()[0])
+    assert len(first["hash_ids"]) == 1  # 40 tokens in one 512-token hash id, not ten of 4
+    old = runner.invoke(app, ["export-trace", "t.jsonl", "-o", "x.jsonl", "--block-size", "16"])
+    assert old.exit_code == 2
+    assert "--hash-id-tokens" in old.output

@@ -178,6 +178,10 @@ def test_no_diagnosis_keeps_hit_rates(example: dict, tmp_path: Path) -> None:
     assert "losses" not in bare and "capacity_curve" not in bare
     refused = runner.invoke(app, [*flags, "--no-diagnosis", "--what-if", "block-size=32"])
     assert refused.exit_code == 2 and "need the diagnosis" in refused.output
+    gated = runner.invoke(app, [*flags, "--no-diagnosis", "--max-loss", "eviction=5%"])
+    assert gated.exit_code == 2 and "needs the diagnosis" in gated.output
+    aligned = runner.invoke(app, [*flags, "--no-diagnosis", "--max-loss", "alignment=100%"])
+    assert aligned.exit_code == 0, aligned.output
 
 
 def test_replay_in_time_diagnoses_a_leading_sample(tmp_path: Path) -> None:

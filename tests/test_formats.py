@@ -49,6 +49,10 @@ def load(*names: str, **kwargs: object):  # type: ignore[no-untyped-def]
         ("litellm_spend_logs.jsonl", "litellm"),
         ("openai_cache_control.jsonl", "openai"),
         ("sharegpt_system.json", "sharegpt"),
+        ("langfuse_batch_export.jsonl", "langfuse"),
+        ("langfuse_api_observations.json", "langfuse"),
+        ("helicone_export.json", "helicone"),
+        ("helicone_export.csv", "helicone"),
     ],
 )
 def test_each_fixture_is_detected(name: str, expected: str) -> None:
@@ -132,6 +136,65 @@ def test_langfuse_generations_and_skipped_spans() -> None:
     assert skip.line == 1 and skip.reason == "a SPAN observation, not a generation"
 
 
+def test_langfuse_batch_export_and_api_response() -> None:
+    # langfuse_batch_export.jsonl: the observations table's batch export (JSONL), one agent run
+    # with the fields worker/src/features/database-read-stream/observation-stream.ts writes
+    # (convertObservation's camelCase fields, traceName/userId from the trace, prices, scores,
+    # comments); the OpenAI integration's input {"tools", "messages"} and output message.
+    loaded = load("langfuse_batch_export.jsonl")
+    first, second = loaded.records
+    assert first.output_text is None and first.output_message is not None
+    assert first.output_message["tool_calls"][0]["function"]["name"] == "get_order"
+    assert first.tools is not None and first.tenant == "cust-88" and first.request_id == "obs-g1"
+    assert second.messages[2]["tool_calls"] == first.output_message["tool_calls"]
+    assert (second.server_cached_tokens, second.output_length) == (128, 15)
+    assert [(s.line, s.reason) for s in loaded.skips] == [
+        (1, "an AGENT observation, not a generation"),
+        (3, "a TOOL observation, not a generation"),
+        (5, "an EVENT observation, not a generation"),
+    ]
+    # langfuse_api_observations.json: GET /api/public/observations saved as it came
+    # ({"data": [...], "meta": {...}}, pretty-printed), with a completion whose input is a prompt.
+    loaded = load("langfuse_api_observations.json")
+    chat, completion = loaded.records
+    assert chat.output_message is not None and chat.tenant is None  # API items carry no userId
+    assert completion.prompt.startswith("Summarise:") and completion.output_text.startswith("It")
+    assert [s.reason for s in loaded.skips] == ["a TOOL observation, not a generation"]
+
+
+def test_helicone_export_json_and_csv(tmp_path: Path) -> None:
+    # helicone_export.json / .csv: `npx @helicone/export --include-body` as
+    # examples/export/typescript/index.ts of Helicone's repository writes them (rows of
+    # /v1/request/query-clickhouse): the JSON form with a comma before "]", the CSV form with
+    # convertToCSVRow's columns (no response body, quotes of the JSON doubled twice).
+    loaded = load("helicone_export.json")
+    call, answer = loaded.records
+    assert call.output_message is not None and call.finish_reason == "tool_calls"
+    assert answer.output_text.startswith("Order A-1001") and answer.server_cached_tokens == 128
+    assert (call.request_id, call.tenant, call.model) == ("hreq-1", "cust-88", "gpt-4o-mini")
+    (skip,) = loaded.skips
+    assert skip.line == 3 and "no 'messages'" in skip.reason  # an embeddings request
+    rows = load("helicone_export.csv").records
+    assert [r.line for r in rows] == [2, 3]
+    assert [len(r.messages) for r in rows] == [2, 4] and rows[1].tools is not None
+    assert [(r.output_length, r.output_text) for r in rows] == [(18, None), (15, None)]
+    # Without --include-body the rows hold no request body: a reasoned skip.
+    bare = tmp_path / "export.jsonl"
+    bare.write_text(
+        json.dumps(
+            {
+                "request_id": "h",
+                "request_created_at": "2026-01-03T09:00:00Z",
+                "request_body": {},
+                "response_body": {},
+            }
+        )
+        + "\n"
+    )
+    (skip,) = load_logs([bare]).skips
+    assert "--include-body" in skip.reason
+
+
 def test_helicone_export() -> None:
     (record,) = load("helicone_export.jsonl").records
     assert record.tenant == "alice@example.com" and record.server_cached_tokens == 64
@@ -150,6 +213,11 @@ def test_helicone_export() -> None:
         # Langfuse: total less output (input includes the cached 384 in the first; none cached).
         (("langfuse_observations.json",), [410, 395]),
         (("helicone_export.jsonl",), [80]),
+        # Langfuse's OpenAI integration splits the cached 128 off input: 155 total - 15 output.
+        (("langfuse_batch_export.jsonl",), [95, 140]),
+        (("langfuse_api_observations.json",), [95, 11]),
+        (("helicone_export.json",), [95, 140]),
+        (("helicone_export.csv",), [95, 140]),  # the CSV's prompt_tokens column
         (("sglang_server.log",), [26, 26]),  # meta_info.prompt_tokens, joined by rid
         (("vllm_server.log",), [None, None]),  # vLLM's log has no usage
     ],

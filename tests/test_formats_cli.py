@@ -125,7 +125,7 @@ def test_export_trace_chains_block_ids_like_vllm(tmp_path: Path) -> None:
         [None, None, "t"],
     )
     trace = tmp_path / "trace.jsonl"
-    result = invoke("export-trace", log, "--block-size", "16", "-o", trace)
+    result = invoke("export-trace", log, "--hash-id-tokens", "16", "-o", trace)
     assert result.exit_code == 0, result.output
     assert "wrote 3 requests" in result.output
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -140,15 +140,57 @@ def test_export_trace_chains_block_ids_like_vllm(tmp_path: Path) -> None:
 
 
 def test_exported_trace_replays_to_the_same_vllm_hits(tmp_path: Path) -> None:
-    log = chat_log(tmp_path / "c.jsonl", [f"question {i % 3}" for i in range(6)])
+    """The bundled multi-turn log: its answers travel as ``output_hash_ids``, so the trace gives
+    the log's vLLM hits exactly; without them (what tools that read only the Mooncake keys see)
+    later turns miss the answers they repeat."""
+    log = ROOT / "examples" / "chat_logs.jsonl"
     trace = tmp_path / "trace.jsonl"
-    assert invoke("export-trace", log, "--block-size", "16", "-o", trace).exit_code == 0
-    direct, replayed = tmp_path / "direct.json", tmp_path / "replayed.json"
-    assert invoke("analyze", log, "--json", direct, "--quiet").exit_code == 0
-    result = invoke("analyze", trace, "--hash-block-size", "16", "--json", replayed, "--quiet")
+    assert invoke("export-trace", log, "--hash-id-tokens", "16", "-o", trace).exit_code == 0
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    with_answers = [line for line in lines if "output_hash_ids" in line]
+    assert len(with_answers) > len(lines) / 2
+    for line in with_answers:
+        blocks = math.ceil((line["input_length"] + line["output_length"]) / 16)
+        assert len(line["hash_ids"]) + len(line["output_hash_ids"]) == blocks
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(
+        "".join(
+            json.dumps({k: v for k, v in line.items() if k != "output_hash_ids"}) + "\n"
+            for line in lines
+        )
+    )
+    reports = {name: tmp_path / f"{name}.json" for name in ("log", "trace", "plain")}
+    assert invoke("analyze", log, "--json", reports["log"], "--quiet").exit_code == 0
+    for name, path in (("trace", trace), ("plain", plain)):
+        result = invoke(
+            "analyze", path, "--hash-block-size", "16", "--json", reports[name], "--quiet"
+        )
+        assert result.exit_code == 0, result.output
+    hits = {
+        name: json.loads(path.read_text())["engines"]["vllm"]["hit_tokens"]
+        for name, path in reports.items()
+    }
+    assert hits["log"] == hits["trace"] > hits["plain"] > 0
+
+
+def test_bad_output_hash_ids_are_reasoned_skips(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    good = {"input_length": 20, "output_length": 10, "hash_ids": [1, 2], "output_hash_ids": []}
+    trace.write_text(
+        json.dumps(good)
+        + "\n"
+        + json.dumps({**good, "output_hash_ids": [3, 4]})
+        + "\n"
+        + json.dumps({**good, "output_length": 0})
+        + "\n"
+    )
+    report = tmp_path / "r.json"
+    result = invoke("analyze", trace, "--hash-block-size", "16", "--json", report, "--quiet")
     assert result.exit_code == 0, result.output
-    hits = [json.loads(p.read_text())["engines"]["vllm"]["hit_tokens"] for p in (direct, replayed)]
-    assert hits[0] == hits[1] > 0
+    skipped = json.loads(report.read_text())["skipped"]
+    assert skipped["count"] == 2
+    assert "2 output_hash_ids for input_length 20 and output_length 10" in skipped["examples"][0]
+    assert "output_hash_ids need a positive output_length" in skipped["examples"][1]
 
 
 def test_format_flags_and_errors(tmp_path: Path) -> None:
@@ -196,3 +238,22 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
     assert process.returncode == 130
     assert stderr.decode().strip().endswith("prefixcheck: interrupted")
     assert "Traceback" not in stderr.decode()
+
+
+@pytest.mark.parametrize("name", ["langfuse_batch_export.jsonl", "helicone_export.json"])
+def test_exported_tool_call_answers_are_hit_by_the_next_turn(name: str, tmp_path: Path) -> None:
+    """The first turn's answer calls a tool (content null): the second turn's prompt holds it
+    as the template renders it, so it hits the first prompt and that answer, token for token.
+    Without the answer it would hit the first prompt only."""
+    table = tmp_path / "requests.csv"
+    args = ("analyze", FIXTURES / name, "--block-size", "1", "--per-request", table, "--quiet")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    first, second = (line.split(",") for line in table.read_text().splitlines()[1:3])
+    header = table.read_text().splitlines()[0].split(",")
+    names = ("prompt_tokens", "output_tokens", "vllm_hit", "ceiling_hit")
+    column = {name: header.index(name) for name in names}
+    answered = int(first[column["prompt_tokens"]]) + int(first[column["output_tokens"]])
+    assert int(second[column["ceiling_hit"]]) == answered
+    # vLLM never computes the KV of the answer's last token (decode stops on it).
+    assert int(second[column["vllm_hit"]]) == answered - 1

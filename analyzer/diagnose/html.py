@@ -32,20 +32,21 @@ def html_report(report: dict[str, Any]) -> str:
         f"{escape(str(report.get('tokenizer') or 'none (token ids in the log)'))}.</p>",
         _engines(report),
     ]
+    scope = _scope_note(report)
     if report.get("losses"):
-        sections.append(_losses(report))
+        sections.append(_losses(report) + scope)
     if report.get("shared_prefixes"):
         sections.append(_prefixes(report))
     if report.get("dynamic_content"):
-        sections.append(_dynamic(report))
+        sections.append(_dynamic(report) + scope)
     if report.get("capacity_curve"):
-        sections.append(_capacity(report))
+        sections.append(_capacity(report) + scope)
     if report.get("block_size_sweep"):
-        sections.append(_sizes(report))
+        sections.append(_sizes(report) + scope)
     if report.get("recommendations"):
-        sections.append(_recommendations(report))
+        sections.append(_recommendations(report) + scope)
     if report.get("what_if"):
-        sections.append(_what_if(report))
+        sections.append(_what_if(report) + scope)
     notes = "".join(f"<p class='note'>note: {escape(n)}</p>" for n in report.get("notes", []))
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
@@ -54,6 +55,15 @@ def html_report(report: dict[str, Any]) -> str:
         + notes
         + "</body></html>\n"
     )
+
+
+def _scope_note(report: dict[str, Any]) -> str:
+    """The line beside each diagnosis section saying which requests its shares are over, when
+    they are a sample of the log."""
+    scope = report.get("diagnosis_scope")
+    if not scope or scope["whole_log"]:
+        return ""
+    return f"<p class='note'>Measured {escape(scope['description'])}.</p>"
 
 
 def _table(headers: list[str], rows: list[list[str]], text_columns: tuple[int, ...] = ()) -> str:
@@ -89,6 +99,13 @@ def _engines(report: dict[str, Any]) -> str:
             + ", ".join(f"{LABELS[e]} {b['hit_rate']:.1%}" for e, b in belady.items())
             + f". {escape(bounds.get('belady_definition', ''))}</p>"
         )
+    scope = report.get("diagnosis_scope")
+    if scope and not scope["whole_log"]:
+        extra += (
+            f"<p class='note'>Over the whole log: {report['requests']:,} requests, "
+            f"{report['prompt_tokens']:,} prompt tokens (the diagnosis below covers its first "
+            f"{scope['requests']:,}).</p>"
+        )
     return (
         "<h2>Prefix-cache hits</h2>"
         + _table(["engine", "hit tokens", "token hit rate", "mean per request"], rows)
@@ -104,8 +121,9 @@ def _losses(report: dict[str, Any]) -> str:
         + [f"{losses[e][kind]['tokens']:,} ({losses[e][kind]['share']:.1%})" for e in losses]
         for kind in kinds
     ]
+    hit_rate = report["diagnosis_scope"]["hit_rate"]  # the losses' own requests
     bars = {
-        LABELS[e]: [("hit", report["engines"][e]["hit_rate"])]
+        LABELS[e]: [("hit", hit_rate[e])]
         + [(kind.replace("_", " "), losses[e][kind]["share"]) for kind in kinds]
         for e in losses
     }

@@ -12,7 +12,7 @@ from analyzer.diagnose.measure import Gain
 from analyzer.diagnose.sweep import SweepPoint
 
 if TYPE_CHECKING:
-    from analyzer.report import Recommendation
+    from analyzer.report import DiagnosisScope, Recommendation
 
 LOSS_DEFINITIONS = {
     "never_seen": "(L - 1) - the ceiling with salts removed and dynamic values made constant: "
@@ -38,9 +38,9 @@ class EngineLosses:
     tokens: dict[str, int]
     clamped_requests: int
 
-    def to_dict(self, prompt_tokens: int) -> dict[str, Any]:
+    def to_dict(self, scope: DiagnosisScope) -> dict[str, Any]:
         return {
-            name: {"tokens": tokens, "share": _share(tokens, prompt_tokens)}
+            name: {"tokens": tokens, "share": scope.share(tokens)}
             for name, tokens in self.tokens.items()
         }
 
@@ -85,19 +85,21 @@ class Diagnosis:
     what_if: list[WhatIf]
     eviction_policy: str
 
-    def to_dict(self, prompt_tokens: int, ceiling_hit_tokens: int) -> dict[str, Any]:
-        """The report's diagnosis keys (recommendations are the report's own key)."""
+    def to_dict(self, scope: DiagnosisScope) -> dict[str, Any]:
+        """The report's diagnosis keys (recommendations are the report's own key); every share is
+        over the scope's prompt tokens, the requests the diagnosis was measured on."""
+        prompt_tokens = scope.prompt_tokens
         bounds: dict[str, Any] = {
             "ceiling": {
-                "hit_tokens": ceiling_hit_tokens,
-                "hit_rate": _share(ceiling_hit_tokens, prompt_tokens),
+                "hit_tokens": scope.ceiling_hit_tokens,
+                "hit_rate": scope.share(scope.ceiling_hit_tokens),
                 "definition": LOSS_DEFINITIONS["ceiling"],
             },
             "belady": None,
         }
         if self.belady is not None:
             bounds["belady"] = {
-                engine: {"hit_tokens": hits, "hit_rate": _share(hits, prompt_tokens)}
+                engine: {"hit_tokens": hits, "hit_rate": scope.share(hits)}
                 for engine, hits in self.belady.items()
             }
             bounds["belady_definition"] = (
@@ -108,9 +110,7 @@ class Diagnosis:
                 "that, and every engine schedule is one such schedule, so it is an upper bound"
             )
         return {
-            "losses": {
-                engine: losses.to_dict(prompt_tokens) for engine, losses in self.losses.items()
-            },
+            "losses": {engine: losses.to_dict(scope) for engine, losses in self.losses.items()},
             "loss_totals": {
                 engine: {
                     "recomputed_tokens": sum(losses.tokens.values()),
@@ -134,7 +134,7 @@ class Diagnosis:
                     {
                         "size": p.size,
                         "hit_tokens": p.hit_tokens,
-                        "hit_rate": _share(p.hit_tokens, prompt_tokens),
+                        "hit_rate": scope.share(p.hit_tokens),
                     }
                     for p in points
                 ]
@@ -143,7 +143,3 @@ class Diagnosis:
             "upper_bounds": bounds,
             "what_if": [item.to_dict() for item in self.what_if],
         }
-
-
-def _share(part: int, whole: int) -> float:
-    return part / whole if whole else 0.0

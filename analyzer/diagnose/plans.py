@@ -13,9 +13,9 @@ from analyzer.diagnose.dynamic import Site, Spans
 from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
 from analyzer.diagnose.measure import ENGINES
 from analyzer.diagnose.parts import Reordered
+from analyzer.diagnose.what_if import Fix, WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.replay import ReplaySettings
-from cache_models.config import SGLANG_EVICTION_POLICIES
 from cache_models.workload import Workload
 
 # The static run after a value is what this share of the site's prompts still share.
@@ -149,61 +149,26 @@ def salt_plan(context: Context) -> Plan:
     return Plan("no-salt", "salt", workload, context.settings)
 
 
-def settings_plan(context: Context, name: str, value: str) -> Plan:
+def settings_plan(context: Context, name: str | Fix, value: str = "") -> Plan:
     """A different engine flag: block-size, page-size, capacity or eviction-policy."""
-    label = f"{name}={value}"
-    change: dict[str, Any]
-    try:
-        if name == "block-size":
-            change, kind, engines = {"block_size": _positive(value)}, "block_size", ("vllm",)
-        elif name == "page-size":
-            change, kind, engines = {"page_size": _positive(value)}, "block_size", ("sglang",)
-        elif name == "capacity":
-            unbounded = value.lower() in ("none", "unbounded", "inf")
-            change = {"capacity_tokens": None if unbounded else _positive(value)}
-            kind, engines = "capacity", ENGINES
-        elif name == "eviction-policy" and value in SGLANG_EVICTION_POLICIES:
-            change, kind, engines = {"eviction_policy": value}, "eviction", ("sglang",)
-        else:
-            raise ValueError(value)
-        settings = replace(context.settings, **change)
-        settings.vllm(), settings.sglang()  # the engines' own checks (a block fits the cache)
-    except ValueError as exc:
-        raise PrefixcheckError(f"--what-if {label}: not a valid value ({exc})") from None
-    return Plan(label, kind, context.workload, settings, engines)
+    fix = name if isinstance(name, Fix) else Fix.parse(f"{name}={value}")
+    settings = fix.settings(context.settings)
+    return Plan(fix.label, fix.kind, context.workload, settings, fix.engines)
 
 
-WHAT_IFS = (
-    "pad-prefixes",
-    "move-dynamic",
-    "reorder-parts",
-    "no-salt",
-    "block-size=N",
-    "page-size=N",
-    "capacity=N",
-    "eviction-policy=P",
-)
-
-
-# Fixes that move tokens: each finds its targets by position in the log as read.
-MOVING = ("pad-prefixes", "move-dynamic", "reorder-parts")
-
-
-def what_if_plan(context: Context, spec: str) -> Plan:
+def what_if_plan(context: Context, spec: WhatIfSpec | str) -> Plan:
     """The plan for one ``--what-if``; fixes joined with ``+`` apply together (at most one of
     those that move tokens, applied last)."""
-    parts = [part.strip() for part in spec.split("+")]
-    moving = [part for part in parts if part in MOVING]
-    if len(moving) > 1:
-        raise PrefixcheckError(f"--what-if {spec}: {' and '.join(moving)} do not combine")
+    if isinstance(spec, str):
+        spec = WhatIfSpec.parse(spec)
     engines: set[str] = set()
     plan: Plan | None = None
-    for part in [p for p in parts if p not in moving] + moving:
-        plan = _named_plan(context, part)
+    for fix in spec.parts:
+        plan = _named_plan(context, fix)
         context = replace(context, workload=plan.workload, settings=plan.settings)
         engines.update(plan.engines)
     assert plan is not None
-    return replace(plan, name=spec, engines=tuple(e for e in ENGINES if e in engines))
+    return replace(plan, name=spec.text, engines=tuple(e for e in ENGINES if e in engines))
 
 
 def static_runs(workload: Workload, spans: Spans, n_sites: int) -> Moves:
@@ -226,30 +191,20 @@ def static_runs(workload: Workload, spans: Spans, n_sites: int) -> Moves:
     return Moves(spans, np.minimum(end, next_start), static)
 
 
-def _named_plan(context: Context, part: str) -> Plan:
-    name, _, value = part.partition("=")
-    if name == "pad-prefixes" and not value:
+def _named_plan(context: Context, fix: Fix) -> Plan:
+    if fix.name == "pad-prefixes":
         if not context.pad_targets:
             raise PrefixcheckError("--what-if pad-prefixes: no shared template in this log")
         return pad_plan(context, context.pad_targets)
-    if name == "move-dynamic" and not value:
+    if fix.name == "move-dynamic":
         if not context.sites:
             raise PrefixcheckError("--what-if move-dynamic: no dynamic content in this log")
         return move_plan(context, list(range(len(context.sites))))
-    if name == "no-salt" and not value:
+    if fix.name == "no-salt":
         return salt_plan(context)
-    if name == "reorder-parts" and not value:
+    if fix.name == "reorder-parts":
         return reorder_plan(context)
-    if value and name in ("block-size", "page-size", "capacity", "eviction-policy"):
-        return settings_plan(context, name, value)
-    raise PrefixcheckError(f"unknown --what-if {part!r} (one of: {', '.join(WHAT_IFS)})")
-
-
-def _positive(value: str) -> int:
-    number = float(value)
-    if number < 1 or number != int(number):
-        raise ValueError(value)
-    return int(number)
+    return settings_plan(context, fix)
 
 
 @njit(cache=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,6 +30,7 @@ from analyzer.loaders.mapped import FieldMap
 from analyzer.loaders.sources import (
     base_suffix,
     expand_inputs,
+    iter_csv_rows,
     iter_json_array,
     iter_raw_lines,
     iter_rows,
@@ -290,12 +292,30 @@ def _peek(name: str) -> _Peeked:
     if suffix == ".parquet":
         rows = iter_rows(name)
         return _Peeked(list(islice(rows, DETECTION_LINES)), rows, objects=True)
+    if suffix == ".csv":
+        rows = iter_csv_rows(name)
+        return _Peeked(list(islice(rows, DETECTION_LINES)), rows, objects=True)
     lines = iter_raw_lines(name)
     head = list(islice(lines, DETECTION_TEXT_LINES))
-    if suffix == ".json" and head and head[0][1].lstrip()[:1] == b"[":
+    if suffix == ".json" and head and _one_json_value(head):
         items = iter_json_array(name, head[0][1])
         return _Peeked(list(islice(items, DETECTION_LINES)), items, objects=True)
     return _Peeked(head, lines, objects=False)
+
+
+def _one_json_value(head: list[tuple[int, bytes]]) -> bool:
+    """Whether a .json file is one JSON value (an array, or an API response ``{"data": [...]}``
+    printed over many lines or on one) rather than JSON lines."""
+    first = head[0][1].strip()
+    if first[:1] == b"[" or first == b"{":  # an array, or an object printed over several lines
+        return True
+    if first[:1] != b"{" or len(head) > 1:
+        return False
+    try:
+        value = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and isinstance(value.get("data"), list)
 
 
 def _detect(name: str, items: _Peeked) -> LogFormat:

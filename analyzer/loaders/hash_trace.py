@@ -9,6 +9,11 @@ differ at every position of the block: token ``j`` of id ``h`` is ``(h * A + j *
 reproduces every match the trace implies and puts each divergence at the start of the first
 differing block, which is all a trace can tell; no two blocks look alike after their first token
 (which would read as a varying value followed by shared text).
+
+``output_hash_ids`` (written by ``prefixcheck export-trace`` where the log had the answer; other
+tools ignore it) continue the chain over the answer's tokens: prompt and answer are the first
+``input_length`` and the next ``output_length`` tokens of all the ids expanded, so a later turn
+that repeats the answer hits it, as on the log.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ _OFFSET_FACTOR = 0x7FEB352D
 def expand_hash_ids(
     hash_ids: np.ndarray | list[int], input_length: int, block_size: int
 ) -> np.ndarray:
-    """The synthetic prompt tokens of one trace line."""
+    """The first ``input_length`` synthetic tokens of a run of ids."""
     ids = np.asarray(hash_ids, dtype=np.int64)[:, None]
     offsets = np.arange(block_size, dtype=np.int64)[None, :]
     tokens = (ids * _ID_FACTOR + offsets * _OFFSET_FACTOR) & 0x7FFFFFFF
@@ -69,12 +74,40 @@ def parse(
         raise BadLine(f"output_length must be >= 0, got {output_length}")
     timestamp = optional_number(obj, "timestamp")
     bailian = "chat_id" in obj
+    prompt = expand_hash_ids(hash_ids, input_length, block_size)
+    answer = _answer(obj, hash_ids, input_length, output_length, block_size)
     return Record(
         file=file,
         line=line,
-        prompt_token_ids=expand_hash_ids(hash_ids, input_length, block_size),
+        prompt_token_ids=prompt,
+        output_token_ids=answer,
         output_length=output_length,
         # Mooncake timestamps are milliseconds, Bailian's seconds.
         arrival_s=None if timestamp is None else timestamp if bailian else timestamp / 1000.0,
         request_id=str(obj["chat_id"]) if bailian else None,
     )
+
+
+def _answer(
+    obj: dict[str, Any],
+    hash_ids: list[int],
+    input_length: int,
+    output_length: int | None,
+    block_size: int,
+) -> list[int] | None:
+    """The answer's synthetic tokens from ``output_hash_ids`` (None when the line has none)."""
+    if "output_hash_ids" not in obj:
+        return None
+    more = int_list(obj, "output_hash_ids", required=True)
+    if not output_length:
+        raise BadLine("output_hash_ids need a positive output_length")
+    expected = -(-(input_length + output_length) // block_size) - len(hash_ids)
+    if len(more) != expected:
+        raise BadLine(
+            f"{len(more)} output_hash_ids for input_length {input_length} and output_length "
+            f"{output_length}: expected {expected} more blocks of {block_size} tokens"
+        )
+    tokens = expand_hash_ids(
+        np.concatenate([hash_ids, more]), input_length + output_length, block_size
+    )
+    return tokens[input_length:].tolist()

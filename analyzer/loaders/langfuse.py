@@ -1,10 +1,16 @@
-"""Langfuse observation exports (API ``/api/public/observations`` or the UI's JSON/JSONL export):
-``{"id", "traceId", "type": "GENERATION", "startTime", "model", "modelParameters", "input",
-"output", "usageDetails": {"input", "output", "input_cached_tokens"}, "userId", "metadata"}``.
+"""Langfuse observations: the batch export of the observations table (JSON, JSONL or CSV; rows
+as ``worker/src/features/database-read-stream/observation-stream.ts`` writes them through
+``convertObservation``: ``id, traceId, type, startTime, model, modelParameters, input, output,
+usageDetails, inputUsage, ..., traceName, userId``) and the public API's
+``GET /api/public/observations`` items (the same camelCase fields, with ``usage``; a saved
+``{"data": [...], "meta": {...}}`` response is read item by item).
 
-``input`` is what the SDK logged: the messages list, or ``{"messages": [...], "tools": [...]}``;
-``output`` the assistant message (or its text). Observations other than generations (spans,
-events) are reasoned skips.
+``input`` is what the SDK logged: the messages list, ``{"messages": [...], "tools": [...]}`` (the
+OpenAI integration with tools), or the prompt string of a completion; ``output`` the assistant
+message (an answer that calls tools counts as one), or its text. ``usageDetails`` keeps the
+server's counts; the OpenAI integration splits cached prompt tokens off ``input`` into
+``input_cached_tokens``. Observations other than generations (spans, events, agents, tools) are
+reasoned skips.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from typing import Any
 
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import count, dict_field, optional_str, parse_time
-from analyzer.loaders.openai_chat import request_record
+from analyzer.loaders.openai_chat import request_record, tool_call_message
 from analyzer.records import Record
 
 
@@ -24,17 +30,23 @@ def matches(obj: dict[str, Any]) -> bool:
 def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     kind = obj.get("type")
     if kind not in (None, "GENERATION"):
-        raise BadLine(f"a {kind} observation, not a generation")
+        article = "an" if str(kind)[:1] in "AEIOU" else "a"
+        raise BadLine(f"{article} {kind} observation, not a generation")
     value = obj.get("input")
     if isinstance(value, list):
         value = {"messages": value}
-    if not isinstance(value, dict) or not isinstance(value.get("messages"), list):
-        raise BadLine("field 'input' holds no chat messages")
-    record = request_record(value, file, line)
+    if isinstance(value, str) and value:  # a completion's prompt
+        record = Record(file=file, line=line, prompt=value)
+    elif isinstance(value, dict) and isinstance(value.get("messages"), list):
+        record = request_record(value, file, line)
+    else:
+        raise BadLine("field 'input' holds no chat messages and no prompt")
     output = obj.get("output")
+    record.output_message = tool_call_message(output)
     if isinstance(output, dict):
         output = output.get("content")
-    record.output_text = output if isinstance(output, str) else None
+    if record.output_message is None:
+        record.output_text = output if isinstance(output, str) else None
     usage = dict_field(obj, "usageDetails") or dict_field(obj, "usage")
     output_tokens = usage.get("output")
     record.output_length = output_tokens if isinstance(output_tokens, int) else None

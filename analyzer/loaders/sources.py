@@ -1,13 +1,15 @@
 """Input sources: files, folders, globs and ``-`` (standard input); ``.gz`` and ``.zst`` are read
-through their decompressors, ``.parquet`` and JSON-array files row by row."""
+through their decompressors, ``.parquet``, ``.csv`` and JSON-array files row by row."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import glob
 import gzip
 import io
 import json
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,7 +20,7 @@ import zstandard
 from analyzer.errors import PrefixcheckError
 
 STDIN = "-"
-LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log", ".txt", ".parquet")
+LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log", ".txt", ".parquet", ".csv")
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 # Fields that exports (Parquet, CSV-born JSON) often hold as JSON text instead of nested values.
 JSON_TEXT_FIELDS = frozenset(
@@ -126,18 +128,57 @@ def iter_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, decode_json_text(row)
 
 
-def iter_json_array(name: str, first: bytes) -> Iterator[tuple[int, Any]]:
-    """The items of a file that holds one JSON array (ShareGPT datasets, UI exports)."""
+def iter_csv_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of a CSV export with a header line (Helicone's, Langfuse's), numbered by their
+    line in the file: empty cells are None, whole numbers ints, JSON-text fields decoded."""
     with open_binary(name) as handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
+        reader = csv.DictReader(text)
         try:
-            items = json.load(handle)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise PrefixcheckError(
-                f"{name}: starts with {first[:1]!r} but is not JSON ({exc})"
-            ) from None
+            start = 2
+            for row in reader:
+                cells = {key: _csv_value(value) for key, value in row.items() if key is not None}
+                yield start, decode_json_text(cells)
+                start = reader.line_num + 1
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise PrefixcheckError(f"{name}:{reader.line_num}: not readable CSV ({exc})") from None
+
+
+def _csv_value(value: str | None) -> Any:
+    if value is None or value == "":
+        return None
+    if value.isdigit():
+        return int(value)
+    return value
+
+
+def iter_json_array(name: str, first: bytes) -> Iterator[tuple[int, Any]]:
+    """The items of a file that holds one JSON array (ShareGPT datasets, UI exports), or one
+    object whose ``data`` is the array (a saved API response: Langfuse's, Helicone's). A comma
+    before the closing bracket (Helicone's JSON export writes one) is accepted."""
+    with open_binary(name) as handle:
+        raw = handle.read()
+    try:
+        text = raw.decode("utf-8-sig")
+        try:
+            items = json.loads(text)
+        except ValueError:
+            trimmed = _TRAILING_COMMA.sub("]", text)
+            if trimmed == text:
+                raise
+            items = json.loads(trimmed)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PrefixcheckError(
+            f"{name}: starts with {first[:1]!r} but is not JSON ({exc})"
+        ) from None
+    if isinstance(items, dict) and isinstance(items.get("data"), list):
+        items = items["data"]
     if not isinstance(items, list):
         raise PrefixcheckError(f"{name}: expected a JSON array of objects")
     yield from enumerate(items, 1)
+
+
+_TRAILING_COMMA = re.compile(r",\s*\]\s*$")
 
 
 def decode_json_text(row: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,320 @@
+"""Every flag, declared once, in groups that commands share; each group parses and checks its
+flags where they enter, before anything is read.
+
+A command takes a group as one parameter (``cache: CacheFlags``); ``@flag_groups`` spreads the
+group's fields into typer options and builds the group from them when the command is called, so a
+bad value fails at once (exit 2) and a command's signature stays short. Field names are the
+options' names (``block_size`` is ``--block-size``, the key ``block-size`` in prefixcheck.toml).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import typer
+from rich.console import Console
+
+from analyzer.diagnose.what_if import WhatIfSpec
+from analyzer.errors import PrefixcheckError
+from analyzer.gates import LossLimit
+from analyzer.ingest import IngestOptions
+from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS, preset
+from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS
+from analyzer.replay import ReplaySettings
+from cache_models.config import SGLANG_EVICTION_POLICIES, SglangEvictionPolicy, TimeModel
+from cli.common import fail
+from cli.inputs import (
+    Cache,
+    ChatTemplate,
+    ChatTemplateKwargs,
+    FastTokenizer,
+    Format,
+    HashBlockSize,
+    MessagesField,
+    PromptField,
+    RenderAs,
+    SaltField,
+    TenantField,
+    TimeField,
+    TokenizerSpec,
+    ingest_options,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Requests in flight in an arrival-time replay unless --concurrency says otherwise (vLLM's
+# default max_num_seqs).
+DEFAULT_TIMED_CONCURRENCY = 256
+
+GateEngine = Literal["vllm", "sglang", "both"]
+
+
+def writable(path: Path | None, flag: str) -> None:
+    """Whether ``path`` can be written (checked before the run, not after it)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise PrefixcheckError(f"{flag} {path}: is a folder")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise PrefixcheckError(f"{flag} {path}: no folder {parent}")
+    target = path if path.exists() else parent
+    if not os.access(target, os.W_OK):
+        raise PrefixcheckError(f"{flag} {path}: cannot write (permission denied)")
+
+
+@dataclass(frozen=True)
+class ReadFlags:
+    """How logs are read and tokenized (analyze, measure, export-trace)."""
+
+    log_format: Format = "auto"
+    tokenizer: TokenizerSpec = None
+    hash_block_size: HashBlockSize = None
+    prompt_field: PromptField = None
+    messages_field: MessagesField = None
+    time_field: TimeField = None
+    tenant_field: TenantField = None
+    salt_field: SaltField = None
+    chat_template: ChatTemplate = None
+    chat_template_kwargs: ChatTemplateKwargs = None
+    render_as: RenderAs = "vllm"
+    cache: Cache = True
+    fast_tokenizer: FastTokenizer = True
+    strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit 2).")] = False
+    ingest: IngestOptions = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        options = ingest_options(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        )
+        object.__setattr__(self, "ingest", options)
+
+
+@dataclass(frozen=True)
+class CacheFlags:
+    """The engines' cache flags (analyze, measure)."""
+
+    block_size: Annotated[int, typer.Option(min=1, help="vLLM --block-size.")] = 16
+    page_size: Annotated[int, typer.Option(min=1, help="SGLang --page-size.")] = 1
+    capacity_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Usable KV capacity in tokens (default: unbounded).")
+    ] = None
+    eviction_policy: Annotated[
+        SglangEvictionPolicy,
+        typer.Option(help=f"SGLang policy: {', '.join(SGLANG_EVICTION_POLICIES)}."),
+    ] = "lru"
+
+    def settings(self, scheduler: SchedulerFlags | None = None) -> ReplaySettings:
+        """The replay settings of these flags (and the scheduler's), checked as the engines
+        check theirs (a block or page fits the capacity)."""
+        settings = ReplaySettings(
+            block_size=self.block_size,
+            page_size=self.page_size,
+            capacity_tokens=self.capacity_tokens,
+            eviction_policy=self.eviction_policy,
+            **(scheduler.settings() if scheduler else {}),
+        )
+        try:
+            settings.vllm(), settings.sglang()
+        except ValueError as exc:
+            raise PrefixcheckError(f"--capacity-tokens {self.capacity_tokens}: {exc}") from None
+        return settings
+
+
+@dataclass(frozen=True)
+class SchedulerFlags:
+    """How requests overlap in the replay (analyze)."""
+
+    chunked_prefill_size: Annotated[
+        int,
+        typer.Option(min=0, help="SGLang --chunked-prefill-size (0: off); changes eviction units."),
+    ] = 0
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Requests in flight: vLLM's lock-step scheduling (default 1, sequential; "
+            f"{DEFAULT_TIMED_CONCURRENCY} with --replay-in-time).",
+        ),
+    ] = None
+    replay_in_time: Annotated[
+        bool,
+        typer.Option(
+            help="Replay at the log's timestamps: running requests hold their KV for a modelled "
+            "prefill + decode time."
+        ),
+    ] = False
+    prefill_tokens_per_s: Annotated[
+        float, typer.Option(min=1.0, help="Time model: uncached prompt tokens per second.")
+    ] = TimeModel.prefill_tokens_per_s
+    decode_tokens_per_s: Annotated[
+        float, typer.Option(min=0.001, help="Time model: output tokens per second per request.")
+    ] = TimeModel.decode_tokens_per_s
+
+    def settings(self) -> dict[str, Any]:
+        """The ReplaySettings fields these flags set."""
+        timed = self.replay_in_time
+        return {
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_in_flight": self.concurrency or (DEFAULT_TIMED_CONCURRENCY if timed else 1),
+            "time_model": TimeModel(self.prefill_tokens_per_s, self.decode_tokens_per_s)
+            if timed
+            else None,
+        }
+
+
+@dataclass(frozen=True)
+class DiagnoseFlags:
+    """What the diagnosis covers and shows (analyze)."""
+
+    diagnose_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Logs with more prompt tokens are streamed (memory follows the caches, not the "
+            "log) and diagnosed on their first N tokens.",
+        ),
+    ] = DEFAULT_SAMPLE_TOKENS
+    what_if: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--what-if",
+            help="Replay a fix: pad-prefixes, move-dynamic, reorder-parts, no-salt, "
+            "block-size=N, page-size=N, capacity=N, eviction-policy=P; join with + to "
+            "combine; repeatable.",
+        ),
+    ] = None
+    top: Annotated[int, typer.Option(min=0, help="Shared prefixes to show.")] = 10
+    redact: Annotated[bool, typer.Option(help="Show no prompt text in reports.")] = False
+    model_preset: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Model shape of the prefill estimate: {', '.join(PRESETS)} "
+            f"(default {DEFAULT_ESTIMATE_PRESET}; with --measure, tiny on CPU)."
+        ),
+    ] = None
+    diagnosis: Annotated[
+        bool,
+        typer.Option(
+            help="Diagnose the recomputed tokens (causes, curves, bounds, recommendations); "
+            "--no-diagnosis reports hit rates, the ceiling and shared prefixes only."
+        ),
+    ] = True
+    check_curves: Annotated[
+        bool,
+        typer.Option(
+            help="Check the capacity curves against full LRU replays (and Belady) at three "
+            "capacities: one replay each."
+        ),
+    ] = False
+    specs: tuple[WhatIfSpec, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "specs", tuple(WhatIfSpec.parse(t) for t in self.what_if or ()))
+        if self.model_preset is not None:
+            preset(self.model_preset)
+        if not self.diagnosis and (self.what_if or self.check_curves):
+            raise PrefixcheckError("--what-if and --check-curves need the diagnosis")
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    """The files a run writes (analyze); each checked writable before the run."""
+
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON.")] = (
+        None
+    )
+    markdown_path: Annotated[
+        Path | None, typer.Option("--markdown", help="Write a Markdown summary (PR comments).")
+    ] = None
+    junit_path: Annotated[
+        Path | None, typer.Option("--junit", help="Write JUnit XML, one test case per gate.")
+    ] = None
+    per_request: Annotated[
+        Path | None, typer.Option(help="Write per-request hits (.jsonl, .csv or .parquet).")
+    ] = None
+    html_path: Annotated[
+        Path | None, typer.Option("--html", help="Write a self-contained HTML report (charts).")
+    ] = None
+
+    def __post_init__(self) -> None:
+        for name, flag in (
+            ("json_path", "--json"),
+            ("markdown_path", "--markdown"),
+            ("junit_path", "--junit"),
+            ("per_request", "--per-request"),
+            ("html_path", "--html"),
+        ):
+            writable(getattr(self, name), flag)
+
+
+@dataclass(frozen=True)
+class GateFlags:
+    """CI gates (analyze)."""
+
+    fail_under: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="Gate: exit 1 when a token hit rate is below RATE."),
+    ] = None
+    max_loss: Annotated[
+        list[str] | None,
+        typer.Option(help="Gate: KIND=TOKENS or KIND=PERCENT% (e.g. alignment=5%); repeatable."),
+    ] = None
+    engine: Annotated[GateEngine, typer.Option(help="Engines the gates check.")] = "both"
+    limits: tuple[LossLimit, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limits", tuple(LossLimit.parse(t) for t in self.max_loss or ()))
+
+
+GROUPS = (ReadFlags, CacheFlags, SchedulerFlags, DiagnoseFlags, OutputFlags, GateFlags)
+
+
+def flag_groups(command: F) -> F:
+    """Spread each flag-group parameter of ``command`` into its fields' options; build the groups
+    (parsing and checking their flags) before the command runs."""
+    hints = typing.get_type_hints(command, include_extras=True)
+    groups: dict[str, type] = {}
+    parameters = []
+    for name, parameter in inspect.signature(command).parameters.items():
+        hint = hints[name]
+        if hint in GROUPS:
+            groups[name] = hint
+            fields = typing.get_type_hints(hint, include_extras=True)
+            for f in dataclasses.fields(hint):
+                if f.init:
+                    parameters.append(
+                        inspect.Parameter(
+                            f.name,
+                            inspect.Parameter.KEYWORD_ONLY,
+                            default=f.default,
+                            annotation=fields[f.name],
+                        )
+                    )
+        else:
+            parameters.append(
+                parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hint)
+            )
+
+    @functools.wraps(command)
+    def run(**values: Any) -> Any:
+        try:
+            for name, group in groups.items():
+                names = [f.name for f in dataclasses.fields(group) if f.init]
+                values[name] = group(**{n: values.pop(n) for n in names})
+        except PrefixcheckError as exc:
+            fail(Console(stderr=True), str(exc))
+        return command(**values)
+
+    del run.__wrapped__  # typer reads the signature below, not the command's
+    run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in parameters}
+    return typing.cast(F, run)
