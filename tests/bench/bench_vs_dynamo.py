@@ -12,7 +12,8 @@ Workloads:
   rates only (``--no-diagnosis``) at 512, beside Dynamo at the same block sizes (1 worker).
 - ``tokens``: a pre-tokenized log (``--format tokens``, 150k requests, ~23M prompt tokens,
   generated here: shared system prompts, multi-turn conversations holding the previous answer),
-  beside Dynamo on the same log exported as a 16-token hash trace (``prefixcheck export-trace``).
+  beside Dynamo on the same log exported as a 16-token hash trace (``prefixcheck export-trace``,
+  its Mooncake keys only).
 - ``chat``: a raw OpenAI chat log (the bundled generator's traffic, 50k requests), tokenized with
   the default tokenizer, without the token cache and with it (a second run reads it).
 
@@ -228,13 +229,20 @@ def bench_tokens(args: argparse.Namespace, workdir: Path) -> None:
     ours = prefixcheck(log, ["--format", "tokens"], args.repeats, workdir)
     trace = workdir / f"tokens-{args.token_requests}.trace.jsonl"
     if not trace.exists():
+        exported = workdir / "exported.jsonl"
         subprocess.run(
-            [*PREFIXCHECK, "export-trace", str(log), "--format", "tokens", "--block-size",
-             "16", "-o", str(trace)],
+            [*PREFIXCHECK, "export-trace", str(log), "--format", "tokens", "--hash-id-tokens",
+             "16", "-o", str(exported)],
             check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-    # The trace has no answer tokens (a later turn cannot hit its previous answer): the same
-    # trace through prefixcheck is the like-for-like figure beside Dynamo's.
+        with exported.open() as lines, trace.open("w") as out:
+            for line in lines:  # the Mooncake keys only: what Dynamo reads
+                record = json.loads(line)
+                record.pop("output_hash_ids", None)
+                out.write(json.dumps(record) + "\n")
+        exported.unlink()
+    # Without the answers' ids a later turn cannot hit the answer it repeats: the same trace
+    # through prefixcheck is the like-for-like figure beside Dynamo's.
     on_trace = prefixcheck(
         trace, ["--hash-block-size", "16", "--no-diagnosis"], args.repeats, workdir
     )
