@@ -13,6 +13,14 @@ import polars as pl
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.diagnose.what_if import WhatIfSpec
+from analyzer.fleet import FleetOptions
+from analyzer.fleet_run import (
+    FleetRun,
+    fleet_notes,
+    fleet_recommendations,
+    run_fleet,
+)
+from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -53,6 +61,8 @@ class AnalyzeOptions:
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
     diagnose: bool = True  # --no-diagnosis: hit rates, ceiling and shared prefixes only
     check_curves: bool = False  # --check-curves: full LRU replays where the curves are checked
+    fleet: FleetOptions | None = None  # --replicas: replay a fleet behind a router
+    fleet_what_if: tuple[str, ...] = ()  # --what-if router=, replicas=, session-field=
 
     def __post_init__(self) -> None:
         """What-ifs parsed (if given as text) and checked against the settings before any read."""
@@ -78,21 +88,38 @@ def analyze(
     """Read the log, replay it, diagnose it (its leading sample when streamed), report."""
     progress = progress or NoProgress()
     log = read(paths, options, progress)
-    replayed = replay_log(
-        log.sample.tokenized,
-        log.rest,
-        options.settings,
-        progress,
-        namespace_labels=log.labels,
-        sample_trie=options.diagnose,
-    )
+    if options.fleet is not None:  # a fleet is routed and replayed as a whole
+        fleet_run = run_fleet(
+            log.sample.tokenized,
+            options.settings,
+            options.fleet,
+            progress,
+            options.fleet_what_if,
+            options.sample_tokens,
+            routing_symbols(
+                log.reader.loaded.records,
+                log.sample.tokenized.requests,
+                _hash_trace(log.reader.loaded),
+            ),
+        )
+        replayed = fleet_run.replayed
+    else:
+        fleet_run = None
+        replayed = replay_log(
+            log.sample.tokenized,
+            log.rest,
+            options.settings,
+            progress,
+            namespace_labels=log.labels,
+            sample_trie=options.diagnose,
+        )
     if not options.diagnose:
-        return report(log, replayed, None, options)
-    if not options.settings.sequential and replayed.order is None:
+        return report(log, replayed, None, options, fleet_run)
+    if fleet_run is None and not options.settings.sequential and replayed.order is None:
         # replayed whole in memory for its mode: diagnosed on its leading sample all the same
         replayed = _leading_sample(replayed, options.sample_tokens)
-    diagnosed = diagnose(log, replayed, options, progress)
-    return report(log, replayed, diagnosed, options)
+    diagnosed = diagnose(log, replayed, options, progress, fleet_run)
+    return report(log, replayed, diagnosed, options, fleet_run)
 
 
 @dataclass
@@ -114,22 +141,33 @@ def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> Read
     sequential reads the whole log); the rest is read as the replay streams it."""
     reader = ChunkedIngest(paths, options.ingest, progress)
     chunks = reader.chunks(options.chunk_records)
-    head = _head(chunks, options.sample_tokens if options.settings.sequential else None)
+    streams = options.settings.sequential and options.fleet is None
+    head = _head(chunks, options.sample_tokens if streams else None)
     sample = reader.finished(head)
     return ReadLog(reader, sample, (chunk.tokenized for chunk in chunks))
 
 
 def diagnose(
-    log: ReadLog, replayed: Replayed, options: AnalyzeOptions, progress: Progress
+    log: ReadLog,
+    replayed: Replayed,
+    options: AnalyzeOptions,
+    progress: Progress,
+    fleet_run: FleetRun | None = None,
 ) -> DiagnoseResult:
-    """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log."""
+    """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log;
+    for a fleet, of one instance with its total capacity, then the routing cause."""
     tokenizer, loaded = log.reader.tokenizer, log.reader.loaded
+    sample_replays, settings, fleet_hits = replayed.sample_replays, options.settings, None
+    if fleet_run is not None:
+        sample_replays, settings = fleet_run.single, fleet_run.settings
+        fleet = replayed.replays
+        fleet_hits = {"vllm": fleet.vllm.hit_tokens, "sglang": fleet.sglang.hit_tokens}
     return diagnose_log(
         replayed.sample.workload,
-        replayed.sample_replays,
+        sample_replays,
         replayed.order,
         replayed.sample.requests,
-        options.settings,
+        settings,
         _decoder(log),
         options.redact,
         options.what_if,
@@ -137,12 +175,17 @@ def diagnose(
         if tokenizer
         else None,
         progress,
+        fleet_hits,
         check_curves=options.check_curves,
     )
 
 
 def report(
-    log: ReadLog, replayed: Replayed, diagnosed: DiagnoseResult | None, options: AnalyzeOptions
+    log: ReadLog,
+    replayed: Replayed,
+    diagnosed: DiagnoseResult | None,
+    options: AnalyzeOptions,
+    fleet_run: FleetRun | None = None,
 ) -> Analysis:
     """The report and the per-request table."""
     settings = options.settings
@@ -196,7 +239,8 @@ def report(
             _prefix_summary(prefix, block_size, decoder, options.redact, whole)
             for prefix in prefixes
         ],
-        recommendations=diagnosed.diagnosis.recommendations if diagnosed else [],
+        recommendations=(diagnosed.diagnosis.recommendations if diagnosed else [])
+        + ([] if fleet_run is None else fleet_recommendations(fleet_run.summary, options.fleet)),
         diagnosis=diagnosed.diagnosis if diagnosed else None,
         diagnosis_scope=_diagnosis_scope(replayed) if diagnosed else None,
         notes=tokenization_note(server_comparison)
@@ -207,7 +251,8 @@ def report(
             if replayed.order is not None
             else []
         )
-        + ([_sample_note(sample, whole, settings)] if replayed.streamed and diagnosed else []),
+        + ([_sample_note(sample, whole, settings)] if replayed.streamed and diagnosed else [])
+        + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),
             prompt_lengths,
@@ -215,6 +260,7 @@ def report(
             distinct_tokens=int(replays.trie.length.sum()),
             capacity_tokens=settings.capacity_tokens,
         ),
+        fleet=None if fleet_run is None else fleet_run.summary,
     )
     per_request = _per_request(whole.requests, replays)
     if diagnosed is not None:
@@ -224,7 +270,7 @@ def report(
         per_request = per_request.hstack(losses)
     return Analysis(
         report=report,
-        per_request=per_request,
+        per_request=_with_fleet(per_request, fleet_run),
         tokenized=sample,
         replays=replayed.sample_replays,
     )
@@ -417,3 +463,14 @@ def _per_request(requests: pl.DataFrame, replays: Replays) -> pl.DataFrame:
         for name, values in result.counters.items():
             columns[f"{result.engine}_{name}"] = values
     return pl.DataFrame(columns)
+
+
+def _with_fleet(table: pl.DataFrame, fleet_run: FleetRun | None) -> pl.DataFrame:
+    """Each request's replica and its hits on one instance with the fleet's total capacity."""
+    if fleet_run is None:
+        return table
+    return table.with_columns(
+        pl.Series("replica", fleet_run.placement),
+        pl.Series("single_vllm_hit", fleet_run.single.vllm.hit_tokens),
+        pl.Series("single_sglang_hit", fleet_run.single.sglang.hit_tokens),
+    )

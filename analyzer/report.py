@@ -16,6 +16,7 @@ from analyzer.shares import share
 
 if TYPE_CHECKING:
     from analyzer.diagnose.model import Diagnosis
+    from analyzer.fleet_run import FleetSummary
 
 SCHEMA_VERSION = 1
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
@@ -167,6 +168,7 @@ class Report:
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
+    fleet: FleetSummary | None = None  # --replicas: the fleet beside one instance
 
     @property
     def alignment_share(self) -> float:
@@ -203,6 +205,7 @@ class Report:
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "diagnosis_scope": self.diagnosis_scope.to_dict() if self.diagnosis_scope else None,
+            "fleet": self.fleet.to_dict() if self.fleet else None,
             **(
                 self.diagnosis.to_dict(self.diagnosis_scope)
                 if self.diagnosis and self.diagnosis_scope

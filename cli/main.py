@@ -33,6 +33,7 @@ from cli.flags import (
     SchedulerFlags,
     flag_groups,
 )
+from cli.fleet_flags import FleetFlags
 from cli.inputs import Files
 from cli.lint import lint_command
 from cli.measure import logits_mismatch, measure_command
@@ -93,6 +94,7 @@ def analyze_command(
     diagnose: DiagnoseFlags,
     outputs: OutputFlags,
     gates: GateFlags,
+    fleet: FleetFlags,
     quiet: Annotated[bool, typer.Option(help="No terminal report.")] = False,
     measure: Annotated[
         bool, typer.Option(help="Also time sampled prefills (gpu extra; see `measure`).")
@@ -112,6 +114,8 @@ def analyze_command(
             sample_tokens=diagnose.diagnose_tokens,
             diagnose=diagnose.diagnosis,
             check_curves=diagnose.check_curves,
+            fleet=fleet.options,
+            fleet_what_if=diagnose.fleet_what_if,
         )
         if not diagnose.diagnosis and any(limit.kind != "alignment" for limit in gates.limits):
             raise PrefixcheckError("--max-loss needs the diagnosis (but alignment=...)")

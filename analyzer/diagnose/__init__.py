@@ -48,6 +48,7 @@ class DiagnoseInput:
     what_if: tuple[str, ...] = ()
     reordered: Reordered | None = None  # the log with its message parts in one order
     check_curves: bool = False  # replay LRU at a few capacities to check the curves
+    fleet_hits: dict[str, np.ndarray] | None = None  # fleet replays: hits on the chosen replicas
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def diagnose_log(
     what_if: tuple[str, ...] = (),
     parts: PartsSource | None = None,
     progress: Progress | None = None,
+    fleet_hits: dict[str, np.ndarray] | None = None,
     check_curves: bool = False,
 ) -> DiagnoseResult:
     """``diagnose`` for the pipeline: the workload, replays and request table in input order,
@@ -91,6 +93,8 @@ def diagnose_log(
         )
         models = models[order]
         salt_free = salt_free[order]
+        if fleet_hits is not None:
+            fleet_hits = {engine: hits[order] for engine, hits in fleet_hits.items()}
         if reordered is not None:
             reordered = replace(reordered, workload=reordered.workload.select(order))
     inputs = DiagnoseInput(
@@ -104,6 +108,7 @@ def diagnose_log(
         what_if=what_if,
         reordered=reordered,
         check_curves=check_curves,
+        fleet_hits=fleet_hits,
     )
     result = diagnose(inputs, progress)
     if order is None:
@@ -142,8 +147,11 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         constant_ceiling = original_hits(normalised, edits, workload.prompt_lengths)
     ceilings = Ceilings(replays.ideal.hit_tokens, salt_free_ceiling, constant_ceiling)
     lengths = workload.prompt_lengths
+    fleet = inputs.fleet_hits or {}
     losses = {
-        e: attribute(e, lengths, hits[e], unbounded[e], sequential_unbounded[e], ceilings)
+        e: attribute(
+            e, lengths, hits[e], unbounded[e], sequential_unbounded[e], ceilings, fleet.get(e)
+        )
         for e in hits
     }
     moves = static_runs(workload, spans, len(sites))
