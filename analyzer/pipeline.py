@@ -4,7 +4,7 @@ through the pool of caches), diagnose, report."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ from analyzer.prefixes import (
     template_groups,
 )
 from analyzer.progress import NoProgress, Progress
-from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log
+from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log, sample_of
 from analyzer.report import (
     DiagnosisScope,
     EngineSummary,
@@ -63,6 +63,8 @@ class AnalyzeOptions:
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
+    diagnose: bool = True  # --no-diagnosis: hit rates, ceiling and shared prefixes only
+    check_curves: bool = False  # --check-curves: full LRU replays where the curves are checked
     fleet: FleetOptions | None = None  # --replicas: replay a fleet behind a router
     fleet_what_if: tuple[str, ...] = ()  # --what-if router=, replicas=, session-field=
 
@@ -98,8 +100,18 @@ def analyze(
     else:
         fleet_run = None
         replayed = replay_log(
-            log.sample.tokenized, log.rest, options.settings, progress, namespace_labels=log.labels
+            log.sample.tokenized,
+            log.rest,
+            options.settings,
+            progress,
+            namespace_labels=log.labels,
+            sample_trie=options.diagnose,
         )
+    if not options.diagnose:
+        return report(log, replayed, None, options, fleet_run)
+    if fleet_run is None and not options.settings.sequential and replayed.order is None:
+        # replayed whole in memory for its mode: diagnosed on its leading sample all the same
+        replayed = _leading_sample(replayed, options.sample_tokens)
     diagnosed = diagnose(log, replayed, options, progress, fleet_run)
     return report(log, replayed, diagnosed, options, fleet_run)
 
@@ -169,13 +181,14 @@ def diagnose(
         progress,
         kv=KvShape(shape.name, shape.kv_bytes_per_token(KV_DTYPE_BYTES)),
         fleet_hits=fleet_hits,
+        check_curves=options.check_curves,
     )
 
 
 def report(
     log: ReadLog,
     replayed: Replayed,
-    diagnosed: DiagnoseResult,
+    diagnosed: DiagnoseResult | None,
     options: AnalyzeOptions,
     fleet_run: FleetRun | None = None,
 ) -> Analysis:
@@ -191,7 +204,7 @@ def report(
         for prefix in shared_prefixes(
             replays.trie, top=4 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
         )
-        if not diagnosed.values.ends_inside(prefix.tokens)
+        if diagnosed is None or not diagnosed.values.ends_inside(prefix.tokens)
     ]
     # The top prefixes, and the leading prefix of each of the top templates (so that a template's
     # variants do not crowd the others out).
@@ -235,14 +248,19 @@ def report(
         server_comparison=server_comparison,
         shared_prefixes=[
             _prefix_summary(
-                prefix, block_size, decoder, options.redact, whole, diagnosed.padding_saves
+                prefix,
+                block_size,
+                decoder,
+                options.redact,
+                whole,
+                diagnosed.padding_saves if diagnosed else {},
             )
             for prefix in prefixes
         ],
-        recommendations=diagnosed.diagnosis.recommendations
+        recommendations=(diagnosed.diagnosis.recommendations if diagnosed else [])
         + ([] if fleet_run is None else fleet_recommendations(fleet_run.summary, options.fleet)),
-        diagnosis=diagnosed.diagnosis,
-        diagnosis_scope=_diagnosis_scope(replayed),
+        diagnosis=diagnosed.diagnosis if diagnosed else None,
+        diagnosis_scope=_diagnosis_scope(replayed) if diagnosed else None,
         notes=tokenization_note(server_comparison)
         + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined)
@@ -251,7 +269,7 @@ def report(
             if replayed.order is not None
             else []
         )
-        + ([_streaming_note(sample, whole)] if replayed.streamed else [])
+        + ([_sample_note(sample, whole, settings)] if replayed.streamed and diagnosed else [])
         + ([] if fleet_run is None else fleet_notes(fleet_run.summary, options.sample_tokens)),
         run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
@@ -263,12 +281,15 @@ def report(
         ),
         fleet=None if fleet_run is None else fleet_run.summary,
     )
-    losses = pl.DataFrame(diagnosed.per_request)
-    if replayed.streamed:  # per-request causes for the diagnosed sample only
-        losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
+    per_request = _per_request(whole.requests, replays)
+    if diagnosed is not None:
+        losses = pl.DataFrame(diagnosed.per_request)
+        if replayed.streamed:  # per-request causes for the diagnosed sample only
+            losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
+        per_request = per_request.hstack(losses)
     return Analysis(
         report=report,
-        per_request=_with_fleet(_per_request(whole.requests, replays).hstack(losses), fleet_run),
+        per_request=_with_fleet(per_request, fleet_run),
         tokenized=sample,
         replays=replayed.sample_replays,
     )
@@ -339,9 +360,25 @@ def _has_chats(loaded: LoadResult) -> bool:
     return any(r.messages for r in loaded.records)
 
 
-def _streaming_note(sample: TokenizedLog, whole: LogTable) -> str:
+def _leading_sample(replayed: Replayed, budget: int | None) -> Replayed:
+    """``replayed`` with its diagnosis sample cut to the leading requests up to ``budget`` prompt
+    tokens (at least one): a replay in arrival order or with requests in flight is causal, so
+    its first k requests' results are those of the first k alone."""
+    log = replayed.sample
+    offsets = log.workload.prompt_offsets
+    if budget is None or int(offsets[-1]) <= budget:
+        return replayed
+    n = max(1, int(np.searchsorted(offsets, budget, side="right")) - 1)
+    sample = replace(log, requests=log.requests.head(n), workload=log.workload.select(np.arange(n)))
+    return replace(
+        replayed, sample=sample, sample_replays=sample_of(replayed.replays, sample.workload)
+    )
+
+
+def _sample_note(sample: TokenizedLog, whole: LogTable, settings: ReplaySettings) -> str:
+    how = "streamed" if settings.sequential else "replayed whole, in its replay mode"
     return (
-        f"The log was streamed: hit rates, the ceiling and shared prefixes cover all "
+        f"The log was {how}: hit rates, the ceiling and shared prefixes cover all "
         f"{whole.requests.height:,} requests; losses by cause, dynamic content, recommendations "
         f"and curves were measured on the first {sample.workload.n_requests:,} "
         f"({int(sample.workload.prompt_offsets[-1]):,} prompt tokens; raise --diagnose-tokens "

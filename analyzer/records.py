@@ -33,7 +33,7 @@ class Record:
     prompt: str | None = None
     prompt_token_ids: list[int] | np.ndarray | None = None
     output_text: str | None = None
-    output_token_ids: list[int] | None = None
+    output_token_ids: list[int] | np.ndarray | None = None
     output_message: Message | None = None
     output_length: int | None = None
     finish_reason: str | None = None

@@ -70,11 +70,13 @@ def replay_log(
     progress: Progress | None = None,
     router: Router | None = None,
     namespace_labels: Callable[[], list[str]] | None = None,
+    sample_trie: bool = True,
 ) -> Replayed:
     """Replay ``sample`` and then every chunk of ``rest`` through one pool of caches and one
     prefix trie. Without a ``rest`` the log is whole: replayed in arrival order (sorted by
     timestamp when it is not), results put back in input order. With one, the log streams in the
-    order it is read; ``namespace_labels()`` gives the whole stream's once it is read."""
+    order it is read; ``namespace_labels()`` gives the whole stream's once it is read.
+    ``sample_trie`` False: a streamed sample keeps the whole log's trie (nothing diagnoses it)."""
     following = next(rest, None)
     if following is None:
         check_arrivals(sample.workload, settings)
@@ -99,7 +101,9 @@ def replay_log(
     replays = Replays.of(results, trie.nodes)
     labels = namespace_labels() if namespace_labels else tables[-1].namespace_labels
     whole = _joined(tables, labels)
-    return Replayed(whole, replays, None, sample, sample_of(replays, sample.workload))
+    return Replayed(
+        whole, replays, None, sample, sample_of(replays, sample.workload, own_trie=sample_trie)
+    )
 
 
 def replay_all(
@@ -139,18 +143,22 @@ def check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
         )
 
 
-def sample_of(replays: Replays, sample: Workload) -> Replays:
+def sample_of(replays: Replays, sample: Workload, own_trie: bool = True) -> Replays:
     """The leading requests' results (a sequential replay's first k requests are the same alone),
-    with a trie of the sample only, for the diagnosis of the sample."""
+    with a trie of the sample only, for the diagnosis of the sample (``own_trie`` False: the
+    whole log's trie, when nothing diagnoses the sample)."""
     n = sample.n_requests
 
     def head(result: ReplayResult) -> ReplayResult:
         counters = {name: values[:n] for name, values in result.counters.items()}
         return replace(result, hit_tokens=result.hit_tokens[:n], counters=counters, metrics={})
 
-    trie = PrefixTrie()
-    trie.replay(sample)
-    return Replays.of({name: head(r) for name, r in replays.each().items()}, trie.nodes)
+    nodes = replays.trie
+    if own_trie:
+        trie = PrefixTrie()
+        trie.replay(sample)
+        nodes = trie.nodes
+    return Replays.of({name: head(r) for name, r in replays.each().items()}, nodes)
 
 
 def _rows_only(log: LogTable) -> LogTable:

@@ -390,6 +390,20 @@ class DiagnoseFlags:
             f"(default {DEFAULT_ESTIMATE_PRESET}; with --measure, tiny on CPU)."
         ),
     ] = None
+    diagnosis: Annotated[
+        bool,
+        typer.Option(
+            help="Diagnose the recomputed tokens (causes, curves, bounds, recommendations); "
+            "--no-diagnosis reports hit rates, the ceiling and shared prefixes only."
+        ),
+    ] = True
+    check_curves: Annotated[
+        bool,
+        typer.Option(
+            help="Check the capacity curves against full LRU replays (and Belady) at three "
+            "capacities: one replay each."
+        ),
+    ] = False
     specs: tuple[WhatIfSpec, ...] = field(init=False, repr=False)
     fleet_what_if: tuple[str, ...] = field(init=False, repr=False)  # router=, replicas=, ...
 
@@ -400,6 +414,8 @@ class DiagnoseFlags:
         object.__setattr__(self, "fleet_what_if", tuple(t for t in texts if is_fleet_fix(t)))
         if self.model_preset is not None:
             preset(self.model_preset)
+        if not self.diagnosis and (self.what_if or self.check_curves):
+            raise PrefixcheckError("--what-if and --check-curves need the diagnosis")
 
 
 @dataclass(frozen=True)

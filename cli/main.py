@@ -133,9 +133,13 @@ def analyze_command(
             what_if=diagnose.specs,
             model_preset=diagnose.model_preset or DEFAULT_ESTIMATE_PRESET,
             sample_tokens=diagnose.diagnose_tokens,
+            diagnose=diagnose.diagnosis,
+            check_curves=diagnose.check_curves,
             fleet=fleet.options,
             fleet_what_if=diagnose.fleet_what_if,
         )
+        if not diagnose.diagnosis and any(limit.kind != "alignment" for limit in gates.limits):
+            raise PrefixcheckError("--max-loss needs the diagnosis (but alignment=...)")
         measure_with = (
             measurer(MeasureOptions(model_preset=diagnose.model_preset)) if measure else None
         )

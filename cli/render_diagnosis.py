@@ -160,13 +160,19 @@ def _capacity_chart(
             cells.append(bar(scope.share(_hits_at(curve, capacity)), width, STYLES[engine]))
         kv = [binary_bytes(capacity * kv_bytes_per_token)] if kv_bytes_per_token else []
         table.add_row(f"{capacity:,}", *kv, *cells)
-    errors = ", ".join(
-        f"{ENGINE_LABELS[engine]} ±{curve.max_abs_error(scope.prompt_tokens):.1%}"
+    errors = [
+        f"{ENGINE_LABELS[engine]} ±{error:.1%}"
         for engine, curve in curves.items()
+        if (error := curve.max_abs_error(scope.prompt_tokens)) is not None
+    ]
+    checked = (
+        f"The curve against full replays at a few capacities: {', '.join(errors)} of prompt "
+        "tokens at most. "
+        if errors
+        else "The curve is not checked against full replays (--check-curves does). "
     )
     table.caption = (
-        f"The curve against full replays at a few capacities: {errors} of prompt tokens at most. "
-        "The Belady bound at the configured capacity is a row of the hits table."
+        checked + "The Belady bound at the configured capacity is a row of the hits table."
     )
     table.caption_justify = "left"
     return table

@@ -379,7 +379,11 @@ def _capacity(report: dict[str, Any]) -> str:
     configured = report["engines"]["vllm"]["config"].get("capacity_tokens")
     chart = line_chart(series, "KV capacity (tokens, log scale)", "token hit rate", configured)
     rows = [
-        [ENGINE_LABELS[engine], f"{curve['max_abs_error']:.2%}", f"{curve['working_set_tokens']:,}"]
+        [
+            ENGINE_LABELS[engine],
+            "not checked" if curve["max_abs_error"] is None else f"{curve['max_abs_error']:.2%}",
+            f"{curve['working_set_tokens']:,}",
+        ]
         + [f"{v:,}" for v in curve["capacity_needed"].values()]
         for engine, curve in curves.items()
     ]

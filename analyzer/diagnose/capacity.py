@@ -1,5 +1,5 @@
 """Hit rate against cache capacity: the LRU curve of each engine in one pass (stack distances),
-checked against full replays at a few capacities, with the Belady bound beside it."""
+checked on request against full replays at a few capacities, with the Belady bound beside it."""
 
 from __future__ import annotations
 
@@ -50,14 +50,15 @@ class CapacityCurve:
     needed: dict[str, int]  # share of the unbounded hits -> capacity tokens (LRU model)
     valid_from_tokens: int  # below this the largest request does not fit: the model is rougher
 
-    def max_abs_error(self, prompt_tokens: int) -> float:
-        """The largest gap between model and replay at the checks, in hit rate."""
+    def max_abs_error(self, prompt_tokens: int) -> float | None:
+        """The largest gap between model and replay at the checks, in hit rate (None: not
+        checked)."""
         gaps = [
             abs(p.model_hit_tokens - p.replay_hit_tokens) / prompt_tokens
             for p in self.checks
             if p.replay_hit_tokens is not None
         ]
-        return max(gaps, default=0.0)
+        return max(gaps, default=None)
 
     def to_dict(self, prompt_tokens: int) -> dict[str, Any]:
         def point(p: CurvePoint) -> dict[str, Any]:
@@ -109,10 +110,16 @@ class _Model:
 
 
 def capacity_curves(
-    trie: TrieNodes, workload: Workload, settings: ReplaySettings, servers: np.ndarray | None
+    trie: TrieNodes,
+    workload: Workload,
+    settings: ReplaySettings,
+    servers: np.ndarray | None,
+    check: bool = False,
 ) -> tuple[dict[str, CapacityCurve], dict[str, int] | None]:
     """Each engine's curve at its configured block / page size, and the Belady bound at the
-    configured capacity (None when unbounded); ``trie`` is built from ``workload``."""
+    configured capacity (None when unbounded); ``trie`` is built from ``workload``. With
+    ``check``, full LRU replays (and the Belady bound) at ``CHECK_SHARES`` of the unbounded hits
+    measure the curve's error (the curve alone costs one pass; the checks a replay each)."""
     models = _models(trie, workload, settings, servers)
     reference = models["vllm"]
     unbounded = len(reference.thresholds) * settings.block_size
@@ -121,7 +128,7 @@ def capacity_curves(
         {
             max(smallest, _capacity_for(reference, share * unbounded, settings))
             for share in CHECK_SHARES
-            if unbounded
+            if unbounded and check
         }
     )
     lru = replace(settings, eviction_policy="lru")

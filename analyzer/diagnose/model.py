@@ -184,9 +184,9 @@ class Diagnosis:
                 for engine, curve in self.capacity_curves.items()
             },
             "capacity_curve_model": (
-                "LRU stack distances over blocks (vLLM) or pages (SGLang), one pass; checked "
-                f"against full LRU replays (max_abs_error, in hit rate); the configured "
-                f"SGLang policy is {self.eviction_policy}"
+                "LRU stack distances over blocks (vLLM) or pages (SGLang), one pass; with "
+                "--check-curves, checked against full LRU replays (max_abs_error, in hit rate; "
+                f"null when not checked); the configured SGLang policy is {self.eviction_policy}"
             ),
             "block_size_sweep": {
                 engine: [
