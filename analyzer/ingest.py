@@ -3,7 +3,7 @@ whole or chunk by chunk (a log of billions of tokens never has to be in memory a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.chat import ChatRenderer, chat_renderer
-from analyzer.errors import PrefixcheckError
+from analyzer.errors import PrefixcheckError, SkipLog
 from analyzer.loaders import LoadResult, iter_records
 from analyzer.loaders.mapped import FieldMap
 from analyzer.progress import Progress
@@ -27,6 +27,7 @@ from cache_models.workload import Workload
 CHUNK_RECORDS = 2000  # at most this many requests tokenized (and replayed) at a time
 CHUNK_TOKENS = 4_000_000  # and about this many prompt tokens (estimated before tokenizing)
 CHARS_PER_TOKEN = 3  # a low guess for text, so that chunks of text stay small enough
+PROGRESS_EVERY = 500  # requests read between two progress reports
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class ChunkedIngest:
     state: ChunkState = field(default_factory=ChunkState)
     tokenizer: Tokenizer | None = None
     renderer: ChatRenderer | None = None
+    _requests: int = 0  # requests read and processed so far
 
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
         records = iter_records(
@@ -79,9 +81,13 @@ class ChunkedIngest:
             strict=self.options.strict,
             hash_block_size=self.options.hash_block_size,
             fields=self.options.fields,
-            progress=self.progress,
         )
-        while batch := _take(records, chunk_records):
+        meter = self.loaded.meter
+        done, requests = 0, 0  # bytes and requests of the chunks processed so far
+        while batch := _take(records, chunk_records, self._reading(done, requests)):
+            read = meter.position()
+            requests += len(batch)
+            chunk_progress = _ChunkProgress(self.progress, meter.total, done, read, requests)
             if self.tokenizer is None and (
                 self.options.tokenizer
                 or any(r.messages is not None or r.prompt is not None for r in batch)
@@ -95,14 +101,29 @@ class ChunkedIngest:
                 self.tokenizer or load_tokenizer(None),
                 self._renderer(),
                 strict=self.options.strict,
-                progress=self.progress,
+                progress=chunk_progress,
                 cache_dir=self.options.cache_dir,
                 chunk_state=self.state,
             )
             if not any(r.messages for r in batch):
                 for record in batch:  # the workload holds the ids now; only chats are re-rendered
                     record.prompt_token_ids = record.output_token_ids = None
+            done = read
+            self.report("reading", requests)
             yield Chunk(batch, tokenized)
+
+    def report(self, step: str, requests: int | None = None) -> None:
+        """Tell the progress sink that the chunks so far are at ``step`` (replaying...)."""
+        if requests is not None:
+            self._requests = requests
+        meter = self.loaded.meter
+        self.progress.input(step, meter.position(), meter.total, self._requests)
+
+    def _reading(self, done: int, requests: int) -> Callable[[int], None]:
+        def reading(taken: int) -> None:
+            self.progress.input("reading", done, self.loaded.meter.total, requests + taken)
+
+        return reading
 
     def _renderer(self) -> ChatRenderer:
         if self.renderer is None:
@@ -119,9 +140,7 @@ class ChunkedIngest:
     def finished(self, chunks: Sequence[Chunk]) -> Ingested:
         """The chunks read so far as one log; errors when nothing could be read."""
         if not chunks or not any(c.tokenized.workload.n_requests for c in chunks):
-            summary = SkipSummary.of(
-                self.loaded.skips + [s for c in chunks for s in c.tokenized.skips]
-            )
+            summary = SkipSummary.of(sum((c.tokenized.skips for c in chunks), self.loaded.skips))
             if not self.loaded.skips and chunks:
                 first = chunks[0].tokenized.skips[0] if chunks[0].tokenized.skips else None
                 raise PrefixcheckError(
@@ -135,25 +154,65 @@ class ChunkedIngest:
         return Ingested(self.loaded, merge(chunks, self.state), self.tokenizer, self._renderer())
 
 
-def _take(records: Iterator[Record], limit: int) -> list[Record]:
-    """The next records, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens."""
+def _take(
+    records: Iterator[Record], limit: int, reading: Callable[[int], None] | None = None
+) -> list[Record]:
+    """The next records, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens;
+    ``reading(count)`` is told at the first record and every PROGRESS_EVERY records after."""
     batch: list[Record] = []
     tokens = 0
     for record in islice(records, limit):
         batch.append(record)
         tokens += _estimated_tokens(record)
+        if reading is not None and len(batch) % PROGRESS_EVERY == 1:
+            reading(len(batch))
         if tokens >= CHUNK_TOKENS:
             break
     return batch
 
 
+@dataclass
+class _ChunkProgress:
+    """The stages of one chunk (tokenizing prompts, answers) as overall progress: the chunk's
+    bytes, ``start`` to ``end``, fill in as its current stage advances (never backwards)."""
+
+    sink: Progress
+    total: int | None
+    start: int
+    end: int
+    requests: int
+    _step: str = "tokenizing"
+    _units: int | None = None
+    _done: int = 0
+    _shown: int = 0
+
+    def stage(self, name: str, total: int | None) -> None:
+        self._step, self._units, self._done = name, total, 0
+        self._show()
+
+    def advance(self, units: int) -> None:
+        self._done += units
+        self._show()
+
+    def input(self, step: str, done_bytes: int, total_bytes: int | None, requests: int) -> None:
+        self.sink.input(step, done_bytes, total_bytes, requests)
+
+    def _show(self) -> None:
+        share = min(1.0, self._done / self._units) if self._units else 0.0
+        self._shown = max(self._shown, self.start + int(share * (self.end - self.start)))
+        self.sink.input(self._step, self._shown, self.total, self.requests)
+
+
 def _estimated_tokens(record: Record) -> int:
+    """Prompt and answer tokens, guessed before tokenizing (a claimed output length is
+    allocated as that many unknown tokens, so it counts too)."""
+    output = record.output_length or 0
     if record.prompt_token_ids is not None:
-        return len(record.prompt_token_ids)
+        return len(record.prompt_token_ids) + output
     if record.prompt is not None:
-        return len(record.prompt) // CHARS_PER_TOKEN
+        return len(record.prompt) // CHARS_PER_TOKEN + output
     content = sum(len(str(message.get("content") or "")) for message in record.messages or [])
-    return content // CHARS_PER_TOKEN
+    return content // CHARS_PER_TOKEN + output
 
 
 def ingest(paths: list[Path], options: IngestOptions, progress: Progress) -> Ingested:
@@ -169,7 +228,7 @@ def merge(chunks: Sequence[Chunk], state: ChunkState) -> TokenizedLog:
     return TokenizedLog(
         workload=concat_workloads(workloads),
         requests=pl.concat([log.requests for log in logs], how="vertical_relaxed"),
-        skips=[skip for log in logs for skip in log.skips],
+        skips=sum((log.skips for log in logs), SkipLog()),
         namespace_labels=state.labels(),
         from_text=any(log.from_text for log in logs),
         assumed_stop_finish=sum(log.assumed_stop_finish for log in logs),

@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from analyzer.analysis import Analysis
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
+from analyzer.diagnose.recommend import KvShape
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.fleet import FleetOptions
 from analyzer.fleet_run import (
@@ -23,10 +25,15 @@ from analyzer.fleet_run import (
 from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
-from analyzer.measure.estimate import prefill_estimate
+from analyzer.measure.estimate import KV_DTYPE_BYTES, prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
 from analyzer.pool import model_labels
-from analyzer.prefixes import TEMPLATE_MIN_TOKENS, SharedPrefix, shared_prefixes
+from analyzer.prefixes import (
+    TEMPLATE_MIN_TOKENS,
+    SharedPrefix,
+    shared_prefixes,
+    template_groups,
+)
 from analyzer.progress import NoProgress, Progress
 from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log
 from analyzer.report import (
@@ -40,6 +47,7 @@ from analyzer.report import (
 from analyzer.server_compare import compare_with_server, tokenization_note
 from analyzer.shares import hit_rate, mean_request_hit_rate
 from analyzer.snippets import snippet
+from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
@@ -68,16 +76,6 @@ class AnalyzeOptions:
         for spec in specs:
             spec.check(self.settings)
         object.__setattr__(self, "what_if", specs)
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """The report, the per-request table, and what they were computed from (input order)."""
-
-    report: Report
-    per_request: pl.DataFrame
-    tokenized: TokenizedLog
-    replays: Replays
 
 
 def analyze(
@@ -132,7 +130,15 @@ def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> Read
     streams = options.settings.sequential and options.fleet is None
     head = _head(chunks, options.sample_tokens if streams else None)
     sample = reader.finished(head)
-    return ReadLog(reader, sample, (chunk.tokenized for chunk in chunks))
+    return ReadLog(reader, sample, _replaying(reader, chunks))
+
+
+def _replaying(reader: ChunkedIngest, chunks: Iterator[Chunk]) -> Iterator[TokenizedLog]:
+    """The chunks after the sample, each reported to the input's progress bar as it goes to the
+    replay."""
+    for chunk in chunks:
+        reader.report("replaying")
+        yield chunk.tokenized
 
 
 def diagnose(
@@ -145,6 +151,7 @@ def diagnose(
     """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log;
     for a fleet, of one instance with its total capacity, then the routing cause."""
     tokenizer, loaded = log.reader.tokenizer, log.reader.loaded
+    shape = preset(options.model_preset)
     sample_replays, settings, fleet_hits = replayed.sample_replays, options.settings, None
     if fleet_run is not None:
         sample_replays, settings = fleet_run.single, fleet_run.settings
@@ -163,7 +170,8 @@ def diagnose(
         if tokenizer
         else None,
         progress,
-        fleet_hits,
+        kv=KvShape(shape.name, shape.kv_bytes_per_token(KV_DTYPE_BYTES)),
+        fleet_hits=fleet_hits,
     )
 
 
@@ -181,13 +189,19 @@ def report(
     decoder = _decoder(log)
     prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
     server_comparison = compare_with_server(whole.requests, replays, settings.block_size)
-    prefixes = [  # templates, not the shared heads of varying values
+    candidates = [  # templates, not the shared heads of varying values
         prefix
         for prefix in shared_prefixes(
-            replays.trie, top=2 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
+            replays.trie, top=4 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
         )
         if not diagnosed.values.ends_inside(prefix.tokens)
-    ][: options.top_prefixes]
+    ]
+    # The top prefixes, and the leading prefix of each of the top templates (so that a template's
+    # variants do not crowd the others out).
+    templates = template_groups(candidates)
+    leads = {templates.index(group) for group in set(templates) if group < options.top_prefixes}
+    chosen = sorted(leads | set(range(min(options.top_prefixes, len(candidates)))))
+    prefixes = [(candidates[i], templates[i]) for i in chosen]
     block_size = settings.block_size
     report = Report(
         inputs=loaded.formats,
@@ -223,7 +237,9 @@ def report(
         models=_model_summaries(model_labels(whole.requests["model"]), prompt_lengths, replays),
         server_comparison=server_comparison,
         shared_prefixes=[
-            _prefix_summary(prefix, block_size, decoder, options.redact, whole)
+            _prefix_summary(
+                prefix, block_size, decoder, options.redact, whole, diagnosed.padding_saves
+            )
             for prefix in prefixes
         ],
         recommendations=diagnosed.diagnosis.recommendations
@@ -232,7 +248,7 @@ def report(
         diagnosis_scope=_diagnosis_scope(replayed),
         notes=tokenization_note(server_comparison)
         + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
-        + _loading_notes(loaded.answers_joined, whole)
+        + _loading_notes(loaded.answers_joined)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
             if replayed.order is not None
@@ -240,6 +256,7 @@ def report(
         )
         + ([_streaming_note(sample, whole)] if replayed.streamed else [])
         + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
+        run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),
             prompt_lengths,
@@ -357,12 +374,14 @@ def _summary(
 
 
 def _prefix_summary(
-    prefix: SharedPrefix,
+    chosen: tuple[SharedPrefix, int],
     block_size: int,
     decoder: Tokenizer | None,
     redact: bool,
     tokenized: LogTable,
+    padding_saves: dict[bytes, int],
 ) -> PrefixSummary:
+    prefix, template = chosen
     return PrefixSummary(
         tokens=prefix.length,
         remainder=prefix.length % block_size,
@@ -371,6 +390,8 @@ def _prefix_summary(
         namespace=tokenized.namespace_labels[prefix.namespace],
         fingerprint=prefix.fingerprint(tokenized.namespace_labels[prefix.namespace]),
         padding=prefix.padding(block_size),
+        padding_saves=padding_saves.get(prefix.tokens.tobytes()),
+        template=template,
         recompute_saved_per_request=prefix.recompute_saved_per_request(block_size),
         snippet=None if redact else snippet(prefix.tokens, decoder),
     )
@@ -397,18 +418,29 @@ def _notes(tokenized: LogTable, hash_trace: bool, hash_block_size: int | None) -
     return notes
 
 
-def _loading_notes(answers_joined: int, tokenized: LogTable) -> list[str]:
-    """What the reader joined and what the token cache saved."""
+def _loading_notes(answers_joined: int) -> list[str]:
+    """What the reader joined."""
     notes = []
     if answers_joined:
         notes.append(f"{answers_joined} answer lines joined to their requests by request id.")
-    cache = tokenized.token_cache
-    if cache.error:
-        notes.append(f"Token cache not used: {cache.error}.")
-    elif cache.from_cache:
+    return notes
+
+
+def cache_notes(stats: CacheStats) -> list[str]:
+    """What the token cache did: shown on the terminal, never in the JSON (which must be the
+    same from a cold and a warm cache)."""
+    notes = []
+    if stats.damaged:
         notes.append(
-            f"Token cache: {cache.from_cache} distinct prompts read from disk, "
-            f"{cache.tokenized} tokenized."
+            f"Token cache: damaged data found ({stats.damaged} entries or files), discarded; "
+            "those texts were tokenized again."
+        )
+    if stats.error:
+        notes.append(f"Token cache not used: {stats.error}.")
+    elif stats.from_cache:
+        notes.append(
+            f"Token cache: {stats.from_cache} distinct texts read from disk, "
+            f"{stats.tokenized} tokenized."
         )
     return notes
 

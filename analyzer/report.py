@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from analyzer.errors import Skip
+from analyzer.diagnose.model import Diagnosis, DiagnosisScope, Recommendation
+from analyzer.errors import Skip, SkipLog
+from analyzer.fleet_run import FleetSummary
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
 from analyzer.server_compare import ServerComparison
 from analyzer.shares import share
 
-if TYPE_CHECKING:
-    from analyzer.diagnose.model import Diagnosis
-    from analyzer.fleet_run import FleetSummary
-
 SCHEMA_VERSION = 1
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 SKIP_EXAMPLES = 5
 
 
@@ -68,17 +65,15 @@ class PrefixSummary:
     namespace: str
     # Identifies a template across runs (hash of its first tokens and namespace) for `compare`.
     fingerprint: str
-    padding: int
+    padding: int  # tokens that would align it to a block
     recompute_saved_per_request: int
     snippet: str | None
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    kind: str
-    summary: str
-    details: dict[str, Any] = field(default_factory=dict)
-    measured: dict[str, Any] | None = None
+    # Recomputed tokens that padding it saves on the diagnosed requests, by replay (the padding's
+    # own tokens count against it); None when it was not replayed (aligned, or too few requests).
+    padding_saves: int | None = None
+    # The template it is a variant of (prefixes with the same first tokens, in any namespace),
+    # numbered from 0 in the order the report lists them.
+    template: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,61 +83,13 @@ class SkipSummary:
     examples: list[str]
 
     @classmethod
-    def of(cls, skips: list[Skip]) -> SkipSummary:
-        reasons = Counter(_reason_kind(skip.reason) for skip in skips)
+    def of(cls, skips: SkipLog | list[Skip]) -> SkipSummary:
+        log = skips if isinstance(skips, SkipLog) else SkipLog(skips)
         return cls(
-            count=len(skips),
-            reasons=dict(reasons.most_common()),
-            examples=[str(skip) for skip in skips[:SKIP_EXAMPLES]],
+            count=log.count,
+            reasons=dict(log.reasons.most_common()),
+            examples=[str(skip) for skip in log.kept[:SKIP_EXAMPLES]],
         )
-
-
-@dataclass(frozen=True)
-class DiagnosisScope:
-    """The requests the diagnosis covered: the whole log, or its leading sample when streamed.
-
-    It is the one denominator of every share the diagnosis shows (losses, curves, sweeps, bounds,
-    what-ifs): each renderer takes its shares and its description from here, so no table divides
-    a sample's tokens by the whole log's."""
-
-    requests: int
-    prompt_tokens: int
-    ceiling_hit_tokens: int
-    whole_log: bool
-    log_requests: int
-    log_prompt_tokens: int
-    hit_tokens: dict[str, int]  # each engine's hits on these requests (replayed with the log)
-
-    def share(self, tokens: float) -> float:
-        """``tokens`` as a share of the scope's prompt tokens."""
-        return share(tokens, self.prompt_tokens)
-
-    @property
-    def description(self) -> str:
-        """What the shares are over, in words, for the caption beside each table."""
-        if self.whole_log:
-            return (
-                f"over the whole log: {self.requests:,} requests, "
-                f"{self.prompt_tokens:,} prompt tokens"
-            )
-        rates = ", ".join(
-            f"{ENGINE_NAMES.get(engine, engine)} {self.share(hits):.1%}"
-            for engine, hits in self.hit_tokens.items()
-        )
-        return (
-            f"over the first {self.requests:,} requests, {self.prompt_tokens:,} prompt tokens "
-            f"({share(self.prompt_tokens, self.log_prompt_tokens):.1%} of the log's "
-            f"{self.log_prompt_tokens:,}), where the hit rates are {rates}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "share_of_log_prompt_tokens": share(self.prompt_tokens, self.log_prompt_tokens),
-            "hit_rate": {engine: self.share(hits) for engine, hits in self.hit_tokens.items()},
-            "ceiling_hit_rate": self.share(self.ceiling_hit_tokens),
-            "description": self.description,
-        }
 
 
 @dataclass(frozen=True)
@@ -162,6 +109,9 @@ class Report:
     shared_prefixes: list[PrefixSummary]
     recommendations: list[Recommendation]
     notes: list[str] = field(default_factory=list)
+    # What this run did that another run over the same input may not (the token cache's
+    # reads): shown on the terminal, kept out of the JSON so that equal inputs give equal JSON.
+    run_notes: list[str] = field(default_factory=list)
     models: dict[str, ModelSummary] = field(default_factory=dict)  # when the log has several
     server_comparison: ServerComparison | None = None  # the server's own cached-token counts
     prefill_estimate: PrefillEstimate | None = None  # FLOPs and KV bytes on a model shape
@@ -169,6 +119,11 @@ class Report:
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
     fleet: FleetSummary | None = None  # --replicas: the fleet beside one instance
+
+    @cached_property
+    def json(self) -> dict[str, Any]:
+        """``to_dict()``, computed once: what the JSON file, the gates and the CI renderers read."""
+        return self.to_dict()
 
     @property
     def alignment_share(self) -> float:
@@ -212,11 +167,6 @@ class Report:
                 else {}
             ),
         }
-
-
-def _reason_kind(reason: str) -> str:
-    """Group reasons that differ only in details (a position, a value) under one heading."""
-    return reason.split(" (", 1)[0]
 
 
 def report_schema() -> dict[str, Any]:

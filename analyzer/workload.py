@@ -10,7 +10,8 @@ import numpy as np
 import polars as pl
 
 from analyzer.chat import ChatRenderer
-from analyzer.errors import BadLine, Skip, StrictModeError
+from analyzer.errors import BadLine, PrefixcheckError, Skip, SkipLog, StrictModeError
+from analyzer.loaders.guard import check_unicode, unexpected
 from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
 from analyzer.token_cache import CacheStats, encode_texts
@@ -41,7 +42,7 @@ class LogTable:
     """One metadata row per request (input order), and what reading the log found."""
 
     requests: pl.DataFrame
-    skips: list[Skip]
+    skips: SkipLog
     namespace_labels: list[str]  # by namespace id; "" is the default namespace
     from_text: bool
     assumed_stop_finish: int
@@ -71,18 +72,29 @@ def build_workload(
     ``chunk_state`` makes this one chunk of a longer log (None: the records are the whole log).
     """
     progress = progress or NoProgress()
-    skips: list[Skip] = []
+    skips = SkipLog()
     kept: list[Record] = []
     texts: list[str] = []
     text_index: list[int] = []
     specials: list[bool] = []
     for record in records:
-        try:
+        try:  # the one place where a request's rendering errors become its skip
             text, add_special = _prompt_text(record, renderer)
+            if text is not None:
+                check_unicode("rendered prompt", text)
             if record.output_message is not None and text is not None:
                 record.output_text = _answer_text(record, text, renderer)
+                if record.output_text is not None:
+                    check_unicode("answer text", record.output_text)
         except BadLine as exc:
             skip = Skip(record.file, record.line, exc.reason)
+        except PrefixcheckError:
+            raise
+        except Exception as exc:
+            skip = Skip(record.file, record.line, unexpected(exc))
+        else:
+            skip = None
+        if skip is not None:
             if strict:
                 raise StrictModeError(skip) from None
             skips.append(skip)
@@ -104,12 +116,13 @@ def build_workload(
         cache_dir=cache_dir,
         progress=progress,
         stage="tokenizing prompts",
+        context=renderer.fingerprint,
     )
     for i, ids in zip(text_index, encoded, strict=True):
         prompts[i] = ids
 
     state = chunk_state or ChunkState()
-    outputs = _output_tokens(kept, tokenizer, progress, cache_dir, state)
+    outputs, answer_cache = _output_tokens(kept, tokenizer, progress, cache_dir, state)
     final: list[int] = []
     for i, prompt in enumerate(prompts):
         if prompt is None or len(prompt) == 0:
@@ -165,7 +178,7 @@ def build_workload(
         namespace_labels=namespace_labels,
         from_text=bool(texts),
         assumed_stop_finish=sum(r.finish_reason is None for r in kept),
-        token_cache=cache_stats,
+        token_cache=CacheStats.total([cache_stats, answer_cache]),
     )
 
 
@@ -232,8 +245,9 @@ def _output_tokens(
     progress: Progress,
     cache_dir: Path | None,
     state: ChunkState,
-) -> list[tuple[np.ndarray, bool]]:
-    """Each request's generated tokens and whether they are known.
+) -> tuple[list[tuple[np.ndarray, bool]], CacheStats]:
+    """Each request's generated tokens and whether they are known (and the token cache's
+    stats of the answers' texts).
 
     Known answer text is tokenized and, for a stop finish, followed by the end-of-turn token the
     model sampled. A known length without text, or nothing at all (the engine samples at least one
@@ -245,7 +259,7 @@ def _output_tokens(
         else None
     )
     texts = [(i, r.output_text) for i, r in enumerate(records) if r.output_text is not None]
-    ids, _ = encode_texts(
+    ids, stats = encode_texts(
         [text for _, text in texts],
         [False] * len(texts),
         tokenizer,
@@ -272,7 +286,7 @@ def _output_tokens(
         result.append((np.arange(next_unknown, next_unknown - count, -1, dtype=np.int32), False))
         next_unknown -= count
     state.next_unknown = next_unknown
-    return result
+    return result, stats
 
 
 def _is_stop(finish_reason: str | None) -> bool:

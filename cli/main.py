@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from dataclasses import replace
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from analyzer.diagnose.html import html_report
 from analyzer.errors import PrefixcheckError
 from analyzer.export import write_table
 from analyzer.gates import evaluate_gates
+from analyzer.kernels import watch_compilation
 from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.report import report_schema
-from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
+from cli.common import EXIT_GATE_FAILED, Command, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.export_trace import export_trace_command
@@ -40,17 +40,37 @@ from cli.measure import logits_mismatch, measure_command
 from cli.outputs import junit_xml, markdown, publish_to_github
 from cli.progress import RichProgress
 from cli.render import render_gates, render_report
+from cli.render_html import html_report
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Replay LLM prompt logs through vLLM's and SGLang's prefix caches and explain the hits.",
+    # Plain help, as vllm serve and sglang's launch_server print theirs: it wraps long flag names
+    # onto their own line instead of cutting them at 80 columns, as rich's panels do.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"prefixcheck {package_version('prefixcheck')}")
+        raise typer.Exit()
 
 
 @app.callback()
 def _root(
     ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -60,31 +80,31 @@ def _root(
     ] = None,
 ) -> None:
     """prefixcheck: prefix-cache hit rates of your prompt logs, as the engines count them."""
-    path = config or find_config(Path.cwd())
-    if path is None:
-        return
     assert isinstance(ctx.command, typer.core.TyperGroup)
     try:
+        path = config or find_config(Path.cwd())
+        if path is None:
+            return
         ctx.default_map = default_map(path, ctx.command.commands)
     except PrefixcheckError as exc:
         fail(Console(stderr=True), str(exc))
 
 
-app.command("compare")(compare_command)
+app.command("compare", cls=Command)(compare_command)
 
 
-@app.command("schema")
+@app.command("schema", cls=Command)
 def schema_command() -> None:
     """Print the JSON Schema of `analyze --json` reports."""
     print(json.dumps(report_schema(), indent=2))
 
 
-app.command("lint")(lint_command)
-app.command("measure")(measure_command)
-app.command("export-trace")(export_trace_command)
+app.command("lint", cls=Command)(lint_command)
+app.command("measure", cls=Command)(measure_command)
+app.command("export-trace", cls=Command)(export_trace_command)
 
 
-@app.command("analyze")
+@app.command("analyze", cls=Command)
 @flag_groups
 def analyze_command(
     files: Files,
@@ -103,10 +123,11 @@ def analyze_command(
     """Replay a prompt log through both engines' prefix caches and report the hits."""
     console = Console()
     errors = Console(stderr=True)
+    quiet = quiet or outputs.to_stdout  # standard output holds the JSON (or Markdown...) alone
     try:
         options = AnalyzeOptions(
             ingest=read.ingest,
-            settings=cache.settings(scheduler),
+            settings=cache.settings(scheduler, diagnose.model_preset),
             top_prefixes=diagnose.top,
             redact=diagnose.redact,
             what_if=diagnose.specs,
@@ -118,21 +139,26 @@ def analyze_command(
         measure_with = (
             measurer(MeasureOptions(model_preset=diagnose.model_preset)) if measure else None
         )
-        with RichProgress(errors, enabled=errors.is_terminal and not quiet) as progress:
+        with (
+            RichProgress(
+                errors, enabled=errors.is_terminal and not quiet, announce=not quiet
+            ) as progress,
+            watch_compilation(progress.compiling, progress.compiled),
+        ):
             result = analyze(files, options, progress)
             if measure_with is not None:
                 measured = measure_with(result, progress)
                 result = replace(result, report=replace(result.report, measurement=measured))
-        report = result.report.to_dict()
+        report = result.report
         checked = evaluate_gates(
-            report, fail_under=gates.fail_under, max_losses=gates.limits, engine=gates.engine
+            report.json, fail_under=gates.rate, max_losses=gates.limits, engine=gates.engine
         )
         if outputs.json_path is not None:
-            write_text(outputs.json_path, json.dumps(report, indent=2) + "\n")
+            write_text(outputs.json_path, json.dumps(report.json, indent=2) + "\n")
         if outputs.markdown_path is not None:
             write_text(outputs.markdown_path, markdown(report, checked))
         if outputs.html_path is not None:
-            write_text(outputs.html_path, html_report(report))
+            write_text(outputs.html_path, html_report(report, checked))
         if outputs.junit_path is not None:
             write_text(outputs.junit_path, junit_xml(report, checked))
         if outputs.per_request is not None:
@@ -143,8 +169,8 @@ def analyze_command(
     if not quiet:
         render_report(result.report, console)
         render_gates(checked, console)
-    for line in annotations:
-        print(line)
+    for line in annotations:  # on stderr when stdout holds a report (the runner reads both)
+        print(line, file=sys.stderr if outputs.to_stdout else sys.stdout)
     failed = [gate for gate in checked if not gate.passed]
     for gate in failed:
         errors.print(
@@ -156,21 +182,3 @@ def analyze_command(
     measurement = result.report.measurement
     if failed or (measurement is not None and logits_mismatch(measurement, errors)):
         raise typer.Exit(EXIT_GATE_FAILED)
-
-
-class _Interrupted(BaseException):
-    """Ctrl-C, raised past click (which would turn a KeyboardInterrupt into "Aborted!")."""
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupted
-
-
-def main() -> None:
-    """Console-script entry point: Ctrl-C ends the run with a short message, no traceback."""
-    signal.signal(signal.SIGINT, _interrupt)
-    try:
-        app()
-    except (KeyboardInterrupt, _Interrupted):
-        print("prefixcheck: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)

@@ -1,6 +1,7 @@
 """Report renderers for CI: Markdown (PR comments, step summaries), JUnit XML, GitHub annotations.
 
-They read the report's JSON form, so a saved report renders the same as a fresh one.
+Each takes the one report object; they read its JSON form (``Report.json``, the published
+schema), so a saved report renders the same as a fresh one.
 """
 
 from __future__ import annotations
@@ -13,10 +14,17 @@ from typing import Any
 
 from analyzer.errors import PrefixcheckError
 from analyzer.gates import GateResult
+from analyzer.report import Report
 
 
-def markdown(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
+def as_json(report: Report | dict[str, Any]) -> dict[str, Any]:
+    """The JSON form a renderer reads: of the report object, or a saved report as loaded."""
+    return report.json if isinstance(report, Report) else report
+
+
+def markdown(report: Report | dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
     """A compact Markdown summary: hit rates, gates, losses, shared prefixes, recommendations."""
+    report = as_json(report)
     lines = [
         "## prefixcheck",
         "",
@@ -58,24 +66,38 @@ def markdown(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
         block = report.get("block_size", 16)
         lines += [
             "",
-            f"| shared prefix | tokens | % {block} | requests | pad |",
+            f"| shared prefix (one row per template) | tokens | % {block} | requests | pad |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
+        seen: set[int] = set()
         for prefix in prefixes:
+            template = prefix.get("template")
+            if template is not None and template in seen:
+                continue  # a variant of a template above
+            seen.add(template)
             snippet = _escape(prefix.get("snippet") or "(redacted)")
             lines.append(
                 f"| `{snippet}` | {prefix['tokens']:,} | {prefix['remainder']} "
-                f"| {prefix['requests']:,} | {prefix['padding']} |"
+                f"| {prefix['requests']:,} | {_pad(prefix)} |"
             )
+        lines += [
+            "",
+            f"% {block}: tokens past the last full block (recomputed by every request on vLLM); "
+            "pad: tokens that align it, where the replay measured a saving.",
+        ]
     recommendations = report.get("recommendations") or []
     if recommendations:
         lines += ["", "**Recommendations**" + (" (measured on the sample)" if sampled else ""), ""]
-        lines += [f"- {_escape(item['summary'])}" for item in recommendations]
+        for item in recommendations:
+            lines.append(f"- {_escape(item['summary'])}")
+            if item.get("why"):
+                lines.append(f"  *why: {_escape(item['why'])}*")
     return "\n".join(lines) + "\n"
 
 
-def junit_xml(report: dict[str, Any], gates: Sequence[GateResult]) -> str:
+def junit_xml(report: Report | dict[str, Any], gates: Sequence[GateResult]) -> str:
     """JUnit XML with one test case per gate (one passing case when no gate is set)."""
+    report = as_json(report)
     failures = sum(not gate.passed for gate in gates)
     suite = ET.Element(
         "testsuite",
@@ -134,9 +156,10 @@ def github_warnings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def publish_to_github(report: dict[str, Any], gates: Sequence[GateResult]) -> list[str]:
+def publish_to_github(report: Report | dict[str, Any], gates: Sequence[GateResult]) -> list[str]:
     """Under GitHub Actions: append the Markdown summary to $GITHUB_STEP_SUMMARY and return the
     annotation lines to print on stdout (empty outside Actions)."""
+    report = as_json(report)
     if os.environ.get("GITHUB_ACTIONS") != "true":
         return []
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -149,6 +172,12 @@ def publish_to_github(report: dict[str, Any], gates: Sequence[GateResult]) -> li
                 f"{summary_path}: cannot write the step summary: {exc}"
             ) from None
     return github_warnings(report) + github_annotations(gates)
+
+
+def _pad(prefix: dict[str, Any]) -> str:
+    if not prefix["padding"]:
+        return "0"
+    return f"+{prefix['padding']}" if (prefix.get("padding_saves") or 0) > 0 else "-"
 
 
 def _loss_cell(entry: Any) -> str:

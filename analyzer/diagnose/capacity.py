@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.diagnose.measure import Scenario, replay_many, server_parts
+from analyzer.diagnose.scenarios import Scenario, replay_many, server_parts
 from analyzer.replay import ReplaySettings
+from cache_models import engine_rules as rules
 from cache_models.belady import belady_hit_blocks
 from cache_models.block_stream import BlockStream, block_stream
+from cache_models.config import blocks_in
 from cache_models.prefix_trie import TrieNodes
 from cache_models.stack_distance import hit_blocks, hit_thresholds
 from cache_models.workload import Workload
@@ -97,11 +99,11 @@ class _Model:
         return max(int(s.peak.max(initial=0)) for s in self.streams) * self.block_size
 
     def hit_tokens(self, capacity_tokens: int) -> int:
-        blocks = capacity_tokens // self.block_size
+        blocks = blocks_in(capacity_tokens, self.block_size) or 0
         return int(hit_blocks(self.thresholds, np.array([blocks]))[0]) * self.block_size
 
     def belady_tokens(self, capacity_tokens: int) -> int:
-        blocks = capacity_tokens // self.block_size
+        blocks = blocks_in(capacity_tokens, self.block_size) or 0
         hits = sum(int(belady_hit_blocks(s, blocks).sum()) for s in self.streams)
         return hits * self.block_size
 
@@ -173,8 +175,8 @@ def _models(
     lengths = workload.prompt_lengths.astype(np.int64)
     outputs = workload.output_lengths.astype(np.int64)
     cached = {
-        "vllm": lengths + outputs - 1,  # all but the last output's KV
-        "sglang": lengths + np.where(workload.stop_finish, outputs, outputs - 1),
+        "vllm": rules.vllm_peak_tokens(lengths, outputs),  # all but the last output's KV
+        "sglang": lengths + rules.sglang_kv_steps(outputs, workload.stop_finish, True),
     }
     sizes = {"vllm": settings.block_size, "sglang": settings.page_size}
     for engine, size in sizes.items():

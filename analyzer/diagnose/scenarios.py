@@ -1,26 +1,34 @@
-"""Measured gains: replay a changed workload or configuration through the same cache models.
+"""Scenarios: a changed workload or configuration replayed through the same pool of caches, and
+the gain it makes ("measured" in the report: replayed, not guessed; ``measure`` itself is the GPU
+mode).
 
 Independent replays run in forked worker processes when the log is big enough for that to pay.
+The workers die with the run: they ignore Ctrl-C (the parent handles it and ends them), the
+kernel kills them when the parent dies (Linux), and the pool is terminated on any way out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from analyzer.engines import ENGINES
 from analyzer.pool import CacheKey, CachePool, Routes
 from analyzer.replay import ReplaySettings
+from analyzer.shares import share
 from cache_models.prefix_trie import View, unbounded_hits
 from cache_models.workload import Workload
 
-ENGINES = ("vllm", "sglang")
 # Below this many prompt tokens per job, worker start-up costs more than it saves.
 PARALLEL_MIN_TOKENS = 2_000_000
 
@@ -58,8 +66,8 @@ class Gain:
         return {
             "hit_tokens_before": self.hit_tokens_before,
             "hit_tokens_after": self.hit_tokens_after,
-            "hit_rate_before": _rate(self.hit_tokens_before, self.prompt_tokens_before),
-            "hit_rate_after": _rate(self.hit_tokens_after, self.prompt_tokens_after),
+            "hit_rate_before": share(self.hit_tokens_before, self.prompt_tokens_before),
+            "hit_rate_after": share(self.hit_tokens_after, self.prompt_tokens_after),
             "prompt_tokens_before": self.prompt_tokens_before,
             "prompt_tokens_after": self.prompt_tokens_after,
             "recomputed_tokens_saved": self.recomputed_tokens_saved,
@@ -142,9 +150,9 @@ def _engine_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]
     _PENDING = list(scenarios)  # forked workers inherit them: no pickling of the workloads
     try:
         context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            return list(pool.map(_replay_pending, range(len(scenarios))))
-    finally:
+        with context.Pool(workers, initializer=_worker_started, initargs=(os.getpid(),)) as pool:
+            return pool.map(_replay_pending, range(len(scenarios)), chunksize=1)
+    finally:  # leaving the with block (error, Ctrl-C, SIGTERM) terminated the workers
         _PENDING = []
 
 
@@ -172,9 +180,21 @@ def _replay_pending(index: int) -> dict[str, np.ndarray]:
     return _model_replay(_PENDING[index])
 
 
+def _worker_started(parent: int) -> None:
+    """In each worker: Ctrl-C and SIGTERM do what the defaults do (the parent's handlers, which
+    raise, are not inherited), and the worker is killed if the parent dies first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C: the parent ends us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def _start_methods() -> list[str]:
     return multiprocessing.get_all_start_methods()
-
-
-def _rate(part: int, whole: int) -> float:
-    return part / whole if whole else 0.0
