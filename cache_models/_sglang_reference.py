@@ -169,6 +169,10 @@ class ReferenceReplay:
         self.refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
         self.scheduling_passes = 0
         self.retractions = 0  # requests retract_decode took back (lock-step replays)
+        # The overlap loop's results of the batch launched this iteration, processed next one
+        # (None: results are processed in the iteration that ran the batch).
+        self.lagged: list[Callable[[], None]] | None = None
+        self.finishing: set[int] = set()  # finished by their last result, not yet processed
 
     def run(self, workload: Workload) -> None:
         """Replay ``workload`` with the config's schedule, from the cache as it is."""
@@ -185,6 +189,8 @@ class ReferenceReplay:
         self.rejected = np.zeros(n, np.int64)
         if self.config.time_model is not None:
             self.run_timed()
+        elif self.config.max_in_flight > 1 and self.config.overlap_schedule:
+            self.run_lockstep_overlap()
         elif self.config.max_in_flight > 1:
             self.run_lockstep()
         else:
@@ -473,6 +479,9 @@ class ReferenceReplay:
         if self.chunked is req:
             self.chunked = None
         self.alloc_extend(req, end)
+        if self.lagged is not None:
+            self._lagged_result(req, running, prefill=True)
+            return
         if req.fill_len < req.final_len:
             self.checkpoint(req, req.fill_len)
             running.append(req)
@@ -569,10 +578,91 @@ class ReferenceReplay:
         if req.allocated % self.page_size == 0:  # the batch's eviction came first
             self.pool.take(self.page_size)
         req.allocated += 1
+        if self.lagged is not None:
+            self._lagged_result(req, running, prefill=False)
+            return
         if req.allocated == req.final_len:
             self.release(req)
             running.remove(req)
             self.batch_is_full = False
+
+    def run_lockstep_overlap(self) -> None:
+        """``run_lockstep`` under the overlap scheduler (SGLang's default): ``Scheduler.
+        event_loop_overlap`` schedules and launches batch t+1 (``get_next_batch_to_run``:
+        matches, ``prepare_for_extend`` / ``prepare_for_decode`` allocations) before
+        ``process_batch_result`` of batch t runs (``pop_and_process`` after ``run_batch``). So a
+        prefill's checkpoint (``cache_unfinished_req``), a finish's ``release_kv_cache`` and the
+        finish the clients see (``req.finished()``, the next arrival) all land one iteration
+        after the batch that produced them; see ``_lagged_result``. With no batch to run, the
+        last batch's results are still processed in that iteration."""
+        k = self.config.max_in_flight
+        pending = deque(range(self.workload.n_requests))
+        waiting: deque[int | Request] = deque()
+        running: list[Request] = []
+        self.chunked = None
+        self.batch_is_full = False
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.lagged, self.finishing = [], set()
+        last: list[Callable[[], None]] = []  # the results of the batch launched last iteration
+        while pending or waiting or running or self.chunked or last:
+            in_flight = len(running) + len(waiting) + (self.chunked is not None)
+            in_flight += sum(1 for i in self.finishing if all(r.index != i for r in running))
+            while pending and in_flight < k:
+                i = pending.popleft()
+                if not self._reject_if_too_big(i):
+                    waiting.append(i)
+                    in_flight += 1
+            if not running:
+                self.batch_is_full = False
+            if not self._prefill_pass(waiting, running, k):
+                if running:
+                    self._decode_pass(running, waiting)
+                elif waiting and not last:  # nothing in flight frees KV for the head
+                    head = waiting.popleft()
+                    self.rejected[head if isinstance(head, int) else head.index] = 1
+            for action in last:  # pop_and_process: the previous batch's results
+                action()
+            last, self.lagged = self.lagged, []
+        self.lagged = None
+
+    def _lagged_result(self, req: Request, running: list[Request], prefill: bool) -> None:
+        """What ``process_batch_result_prefill`` / ``_decode`` will do with the output this
+        batch samples for ``req``, queued for the next iteration.
+
+        The output that ends the answer (the N-th: ``req.allocated`` = prompt + N - 1) finishes
+        it then: ``release_kv_cache`` caches what its KV holds by then (``owned_kv_len``:
+        ``kv_committed_len``, which ``prepare_for_decode`` advanced at scheduling). A length
+        finish sits out the next decode (``Scheduler._reqs_finishing_inflight``); a stop
+        finish joins it (its N-th KV slot: ``sglang_kv_steps``) unless a prefill batch runs
+        instead, then leaves the batch. Any other prefill output checkpoints the fill
+        (``cache_unfinished_req``)."""
+        if req.index in self.finishing:  # the in-flight step after a stop: no new result
+            running.remove(req)
+            return
+        if req.allocated == len(req.tokens) - 1:
+            self.finishing.add(req.index)
+            if req in running and req.allocated == req.final_len:
+                running.remove(req)  # finishes by length: not decoded again
+            elif req not in running and req.allocated < req.final_len:
+                running.append(req)
+
+            def finish() -> None:
+                self.checkpoint(req, req.allocated)
+                ps = self.page_size
+                self.pool.give((_ceil_div(req.allocated, ps) - req.protected // ps) * ps)
+                self.tree.unlock(req.node)
+                if req in running:
+                    running.remove(req)
+                self.finishing.discard(req.index)
+                self.batch_is_full = False
+
+            self.lagged.append(lambda: self._charge(req.index, finish))
+            return
+        if prefill:
+            running.append(req)
+            self.lagged.append(
+                lambda: self._charge(req.index, lambda: self.checkpoint(req, req.fill_len))
+            )
 
     def run_timed(self) -> None:
         """K requests in flight in arrival time, with the TimeModel's service times."""

@@ -14,8 +14,11 @@ namespaces.
 
 ``max_in_flight=K > 1`` without a time model follows SGLang 0.5.23's own ``Scheduler`` loop
 with ``--disable-overlap-schedule`` (checked against it, ``tests/golden/sglang_scheduler/``: exact
-at 2 and 8 in flight, unbounded and tight pools, with retractions, and with chunked prefill); a
-``time_model`` replays a model:
+at 2 and 8 in flight, unbounded and tight pools, with retractions, and with chunked prefill), and
+with the overlap scheduler (``overlap_schedule``, SGLang's default) its ``event_loop_overlap``,
+which processes each batch's results one iteration late (``_sglang_reference.ReferenceReplay.
+run_lockstep_overlap``: a prefill's checkpoint, a finish's release and the next arrival land after
+the next batch was scheduled); a ``time_model`` replays a model:
 
 - FCFS admission. Each scheduling pass (an instant when requests wait and a slot is free) counts
   for the waiting-prefix refresh, which touches up to 128 waiting prompts, the head last.

@@ -71,9 +71,10 @@ def overlap_configs(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``max_new_tokens`` = their length + ``STOP_SLACK`` (a request that stops on EOS before its
     limit: with the limit reached, ``_reqs_finishing_inflight`` would skip the in-flight
     decode step and the stop would cache N-1 outputs)."""
+    largest = max(len(q["prompt_token_ids"]) + len(q["output_token_ids"]) for q in requests)
     base = {"chunk": -1, "overlap_schedule": True, "capacity_tokens": None}
-    out = [base | {"max_in_flight": k, "page_size": 1} for k in (1, 2, 8)]
-    out.append(base | {"max_in_flight": 1, "page_size": 16})
+    out = [base | {"max_in_flight": k, "page_size": ps} for k in (1, 2, 8) for ps in (1, 16)]
+    out.append(base | {"max_in_flight": 8, "page_size": 1, "capacity_tokens": 3 * largest})
     return [c | {"stop_max_new_slack": STOP_SLACK} for c in out]
 
 
