@@ -143,11 +143,13 @@ class Request:
         """``len(req.output_ids)``: one sampled per prefill and per decode step."""
         return max(self.allocated - self.prompt_len + 1, 0)
 
-    def decode_estimate(self, new_token_ratio: float) -> float:
+    def decode_estimate(self, new_token_ratio: float, unprocessed: int = 0) -> float:
         """``PrefillAdder._get_running_request_total_token_offset``: the remaining
         ``max_new_tokens``, clipped, times the scheduler's ``new_token_ratio`` (a request that
-        may stop on EOS: ``ignore_eos`` is off)."""
-        remaining = min(max(self.max_new_tokens - self.n_outputs, 0), CLIP_MAX_NEW_TOKENS)
+        may stop on EOS: ``ignore_eos`` is off). ``unprocessed``: outputs sampled but not yet in
+        ``req.output_ids`` (the overlap loop's last batch)."""
+        outputs = self.n_outputs - unprocessed
+        remaining = min(max(self.max_new_tokens - outputs, 0), CLIP_MAX_NEW_TOKENS)
         return remaining * new_token_ratio
 
 
@@ -172,7 +174,9 @@ class ReferenceReplay:
         # The overlap loop's results of the batch launched this iteration, processed next one
         # (None: results are processed in the iteration that ran the batch).
         self.lagged: list[Callable[[], None]] | None = None
-        self.finishing: set[int] = set()  # finished by their last result, not yet processed
+        self.finishing: dict[int, Request] = {}  # finished by their last result, unprocessed
+        self.unprocessed: set[int] = set()  # requests of the batch whose results are pending
+        self.launched: set[int] = set()  # requests of the batch launched this iteration
 
     def run(self, workload: Workload) -> None:
         """Replay ``workload`` with the config's schedule, from the cache as it is."""
@@ -400,7 +404,7 @@ class ReferenceReplay:
         chunk = self.config.chunked_prefill_size
         ps = self.page_size
         bounded = not self.pool.unbounded
-        total_offset = sum(r.decode_estimate(self.new_token_ratio) for r in running)
+        total_offset = self._running_offset(running)
         current_offset = 0
         budget = chunk if chunk > 0 else 1 << 62
 
@@ -467,6 +471,17 @@ class ReferenceReplay:
         for req, end in batch:
             self._charge(req.index, lambda r=req, e=end: self._prefill_to(r, e, running))
         return carried is not None or bool(batch)
+
+    def _running_offset(self, running: list[Request]) -> float:
+        """The running batch's decode estimates. Under the overlap loop the batch still holds
+        the requests whose finish is not processed yet (``filter_batch`` drops them after
+        ``process_batch_result``), and the last batch's outputs are not in ``output_ids``."""
+        if self.lagged is None:
+            return sum(r.decode_estimate(self.new_token_ratio) for r in running)
+        reqs = running + [r for r in self.finishing.values() if r not in running]
+        return sum(
+            r.decode_estimate(self.new_token_ratio, int(r.index in self.unprocessed)) for r in reqs
+        )
 
     def _prefill_to(self, req: Request, end: int, running: list[Request]) -> None:
         """Prefill up to ``end``: a chunk that does not end the fill is checkpointed and
@@ -602,7 +617,7 @@ class ReferenceReplay:
         self.chunked = None
         self.batch_is_full = False
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
-        self.lagged, self.finishing = [], set()
+        self.lagged, self.finishing, self.unprocessed, self.launched = [], {}, set(), set()
         last: list[Callable[[], None]] = []  # the results of the batch launched last iteration
         while pending or waiting or running or self.chunked or last:
             in_flight = len(running) + len(waiting) + (self.chunked is not None)
@@ -623,6 +638,7 @@ class ReferenceReplay:
             for action in last:  # pop_and_process: the previous batch's results
                 action()
             last, self.lagged = self.lagged, []
+            self.unprocessed, self.launched = self.launched, set()
         self.lagged = None
 
     def _lagged_result(self, req: Request, running: list[Request], prefill: bool) -> None:
@@ -639,8 +655,9 @@ class ReferenceReplay:
         if req.index in self.finishing:  # the in-flight step after a stop: no new result
             running.remove(req)
             return
+        self.launched.add(req.index)
         if req.allocated == len(req.tokens) - 1:
-            self.finishing.add(req.index)
+            self.finishing[req.index] = req
             if req in running and req.allocated == req.final_len:
                 running.remove(req)  # finishes by length: not decoded again
             elif req not in running and req.allocated < req.final_len:
@@ -653,7 +670,7 @@ class ReferenceReplay:
                 self.tree.unlock(req.node)
                 if req in running:
                     running.remove(req)
-                self.finishing.discard(req.index)
+                self.finishing.pop(req.index, None)
                 self.batch_is_full = False
 
             self.lagged.append(lambda: self._charge(req.index, finish))

@@ -30,7 +30,8 @@ FILES = sorted((Path(__file__).parent / "golden" / "sglang").glob("scheduler_*.j
 
 def known_apart(case: dict[str, Any]) -> bool:
     """The configurations the model does not follow exactly (see the README's Fidelity): the
-    overlap scheduler in a bounded pool."""
+    overlap scheduler in a bounded pool, where the stop finishes' ``max_new_tokens`` (their
+    length + ``STOP_SLACK``) enter admission's budget and the model assumes their length."""
     return case["overlap_schedule"] and case["capacity_tokens"] is not None
 
 
