@@ -71,8 +71,9 @@ class ChunkedIngest:
     tokenizer: Tokenizer | None = None
     renderer: ChatRenderer | None = None
 
-    def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
-        records = iter_records(
+    def records(self) -> Iterator[Record]:
+        """The requests of the inputs, as they are read (the loaders' order)."""
+        return iter_records(
             self.paths,
             self.options.format,
             self.loaded,
@@ -81,6 +82,9 @@ class ChunkedIngest:
             fields=self.options.fields,
             progress=self.progress,
         )
+
+    def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
+        records = self.records()
         while batch := _take(records, chunk_records):
             if self.tokenizer is None and (
                 self.options.tokenizer

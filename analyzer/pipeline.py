@@ -4,8 +4,9 @@ through the pool of caches), diagnose, report."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -35,6 +36,9 @@ from analyzer.snippets import snippet
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
+
+if TYPE_CHECKING:
+    from analyzer.executors import Executor
 
 DEFAULT_SAMPLE_TOKENS = 32_000_000
 
@@ -71,16 +75,34 @@ class Analysis:
 
 
 def analyze(
-    paths: list[Path], options: AnalyzeOptions, progress: Progress | None = None
+    paths: list[Path],
+    options: AnalyzeOptions,
+    progress: Progress | None = None,
+    executor: Executor | None = None,
 ) -> Analysis:
-    """Read the log, replay it, diagnose it (its leading sample when streamed), report."""
+    """Read the log, replay it, diagnose it (its leading sample when streamed), report.
+    ``executor`` runs the reading and the replay elsewhere (a Ray cluster); None: here."""
     progress = progress or NoProgress()
-    log = read(paths, options, progress)
-    replayed = replay_log(
-        log.sample.tokenized, log.rest, options.settings, progress, namespace_labels=log.labels
-    )
-    diagnosed = diagnose(log, replayed, options, progress)
-    return report(log, replayed, diagnosed, options)
+    if executor is None:
+        log = read(paths, options, progress)
+        replayed = replay_log(
+            log.sample.tokenized, log.rest, options.settings, progress, namespace_labels=log.labels
+        )
+        return report(log, replayed, diagnose(log, replayed, options, progress), options)
+    try:
+        log = read(paths, options, progress, executor.reader(paths, options, progress))
+        replayed = replay_log(
+            log.sample.tokenized,
+            log.rest,
+            options.settings,
+            progress,
+            namespace_labels=log.labels,
+            caches=executor.caches(),
+        )
+        analysis = report(log, replayed, diagnose(log, replayed, options, progress), options)
+        return replace(analysis, report=replace(analysis.report, executor=executor.describe()))
+    finally:
+        executor.close()
 
 
 @dataclass
@@ -97,14 +119,25 @@ class ReadLog:
         return self.reader.state.labels()
 
 
-def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> ReadLog:
+def read(
+    paths: list[Path],
+    options: AnalyzeOptions,
+    progress: Progress,
+    reader: ChunkedIngest | None = None,
+) -> ReadLog:
     """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
     sequential reads the whole log); the rest is read as the replay streams it."""
-    reader = ChunkedIngest(paths, options.ingest, progress)
+    reader = reader or ChunkedIngest(paths, options.ingest, progress)
     chunks = reader.chunks(options.chunk_records)
-    head = _head(chunks, options.sample_tokens if options.settings.sequential else None)
+    head = _head(chunks, sample_budget(options))
     sample = reader.finished(head)
     return ReadLog(reader, sample, (chunk.tokenized for chunk in chunks))
+
+
+def sample_budget(options: AnalyzeOptions) -> int | None:
+    """The prompt tokens read before the replay starts and diagnosed (None: the whole log, as a
+    replay that is not sequential needs)."""
+    return options.sample_tokens if options.settings.sequential else None
 
 
 def diagnose(

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.errors import PrefixcheckError
+from analyzer.executors import ExecutorName, ExecutorOptions
 from analyzer.gates import LossLimit
 from analyzer.ingest import IngestOptions
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS, preset
@@ -259,7 +260,38 @@ class GateFlags:
         object.__setattr__(self, "limits", tuple(LossLimit.parse(t) for t in self.max_loss or ()))
 
 
-GROUPS = (ReadFlags, CacheFlags, SchedulerFlags, DiagnoseFlags, OutputFlags, GateFlags)
+@dataclass(frozen=True)
+class ExecutorFlags:
+    """Where the analysis runs (analyze)."""
+
+    executor: Annotated[
+        ExecutorName,
+        typer.Option(
+            help="local: this process; ray: a Ray cluster (the prefixcheck[ray] extra), the same "
+            "report."
+        ),
+    ] = "local"
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="The Ray cluster to join (default: RAY_ADDRESS, else one started on this machine)."
+        ),
+    ] = None
+    options: ExecutorOptions = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", ExecutorOptions(self.executor, self.ray_address))
+
+
+GROUPS = (
+    ReadFlags,
+    CacheFlags,
+    SchedulerFlags,
+    DiagnoseFlags,
+    OutputFlags,
+    GateFlags,
+    ExecutorFlags,
+)
 
 
 def flag_groups(command: F) -> F:

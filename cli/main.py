@@ -14,6 +14,7 @@ from rich.console import Console
 
 from analyzer.diagnose.html import html_report
 from analyzer.errors import PrefixcheckError
+from analyzer.executors import make_executor
 from analyzer.export import write_table
 from analyzer.gates import evaluate_gates
 from analyzer.measure import MeasureOptions, measurer
@@ -27,6 +28,7 @@ from cli.export_trace import export_trace_command
 from cli.flags import (
     CacheFlags,
     DiagnoseFlags,
+    ExecutorFlags,
     GateFlags,
     OutputFlags,
     ReadFlags,
@@ -93,6 +95,7 @@ def analyze_command(
     diagnose: DiagnoseFlags,
     outputs: OutputFlags,
     gates: GateFlags,
+    run_on: ExecutorFlags,
     quiet: Annotated[bool, typer.Option(help="No terminal report.")] = False,
     measure: Annotated[
         bool, typer.Option(help="Also time sampled prefills (gpu extra; see `measure`).")
@@ -115,7 +118,7 @@ def analyze_command(
             measurer(MeasureOptions(model_preset=diagnose.model_preset)) if measure else None
         )
         with RichProgress(errors, enabled=errors.is_terminal and not quiet) as progress:
-            result = analyze(files, options, progress)
+            result = analyze(files, options, progress, make_executor(run_on.options))
             if measure_with is not None:
                 measured = measure_with(result, progress)
                 result = replace(result, report=replace(result.report, measurement=measured))
