@@ -14,6 +14,14 @@ import polars as pl
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.diagnose.what_if import WhatIfSpec
+from analyzer.fleet import FleetOptions
+from analyzer.fleet_run import (
+    FleetRun,
+    fleet_notes,
+    fleet_recommendations,
+    run_fleet,
+)
+from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
 from analyzer.measure.estimate import prefill_estimate
@@ -55,6 +63,8 @@ class AnalyzeOptions:
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
+    fleet: FleetOptions | None = None  # --replicas: replay a fleet behind a router
+    fleet_what_if: tuple[str, ...] = ()  # --what-if router=, replicas=, session-field=
 
     def __post_init__(self) -> None:
         """What-ifs parsed (if given as text) and checked against the settings before any read."""
@@ -83,26 +93,42 @@ def analyze(
     """Read the log, replay it, diagnose it (its leading sample when streamed), report.
     ``executor`` runs the reading and the replay elsewhere (a Ray cluster); None: here."""
     progress = progress or NoProgress()
-    if executor is None:
-        log = read(paths, options, progress)
-        replayed = replay_log(
-            log.sample.tokenized, log.rest, options.settings, progress, namespace_labels=log.labels
-        )
-        return report(log, replayed, diagnose(log, replayed, options, progress), options)
     try:
-        log = read(paths, options, progress, executor.reader(paths, options, progress))
-        replayed = replay_log(
-            log.sample.tokenized,
-            log.rest,
-            options.settings,
-            progress,
-            namespace_labels=log.labels,
-            caches=executor.caches(),
-        )
-        analysis = report(log, replayed, diagnose(log, replayed, options, progress), options)
+        reader = None if executor is None else executor.reader(paths, options, progress)
+        log = read(paths, options, progress, reader)
+        if options.fleet is not None:  # a fleet is routed and replayed as a whole
+            fleet_run = run_fleet(
+                log.sample.tokenized,
+                options.settings,
+                options.fleet,
+                progress,
+                options.fleet_what_if,
+                options.sample_tokens,
+                routing_symbols(
+                    log.reader.loaded.records,
+                    log.sample.tokenized.requests,
+                    _hash_trace(log.reader.loaded),
+                ),
+            )
+            replayed = fleet_run.replayed
+        else:
+            fleet_run = None
+            replayed = replay_log(
+                log.sample.tokenized,
+                log.rest,
+                options.settings,
+                progress,
+                namespace_labels=log.labels,
+                caches=None if executor is None else executor.caches(),
+            )
+        diagnosed = diagnose(log, replayed, options, progress, fleet_run)
+        analysis = report(log, replayed, diagnosed, options, fleet_run)
+        if executor is None:
+            return analysis
         return replace(analysis, report=replace(analysis.report, executor=executor.describe()))
     finally:
-        executor.close()
+        if executor is not None:
+            executor.close()
 
 
 @dataclass
@@ -136,21 +162,32 @@ def read(
 
 def sample_budget(options: AnalyzeOptions) -> int | None:
     """The prompt tokens read before the replay starts and diagnosed (None: the whole log, as a
-    replay that is not sequential needs)."""
-    return options.sample_tokens if options.settings.sequential else None
+    replay that is not sequential, or a fleet's, needs)."""
+    streams = options.settings.sequential and options.fleet is None
+    return options.sample_tokens if streams else None
 
 
 def diagnose(
-    log: ReadLog, replayed: Replayed, options: AnalyzeOptions, progress: Progress
+    log: ReadLog,
+    replayed: Replayed,
+    options: AnalyzeOptions,
+    progress: Progress,
+    fleet_run: FleetRun | None = None,
 ) -> DiagnoseResult:
-    """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log."""
+    """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log;
+    for a fleet, of one instance with its total capacity, then the routing cause."""
     tokenizer, loaded = log.reader.tokenizer, log.reader.loaded
+    sample_replays, settings, fleet_hits = replayed.sample_replays, options.settings, None
+    if fleet_run is not None:
+        sample_replays, settings = fleet_run.single, fleet_run.settings
+        fleet = replayed.replays
+        fleet_hits = {"vllm": fleet.vllm.hit_tokens, "sglang": fleet.sglang.hit_tokens}
     return diagnose_log(
         replayed.sample.workload,
-        replayed.sample_replays,
+        sample_replays,
         replayed.order,
         replayed.sample.requests,
-        options.settings,
+        settings,
         _decoder(log),
         options.redact,
         options.what_if,
@@ -158,11 +195,16 @@ def diagnose(
         if tokenizer
         else None,
         progress,
+        fleet_hits,
     )
 
 
 def report(
-    log: ReadLog, replayed: Replayed, diagnosed: DiagnoseResult, options: AnalyzeOptions
+    log: ReadLog,
+    replayed: Replayed,
+    diagnosed: DiagnoseResult,
+    options: AnalyzeOptions,
+    fleet_run: FleetRun | None = None,
 ) -> Analysis:
     """The report and the per-request table."""
     settings = options.settings
@@ -216,7 +258,8 @@ def report(
             _prefix_summary(prefix, block_size, decoder, options.redact, whole)
             for prefix in prefixes
         ],
-        recommendations=diagnosed.diagnosis.recommendations,
+        recommendations=diagnosed.diagnosis.recommendations
+        + ([] if fleet_run is None else fleet_recommendations(fleet_run.summary, options.fleet)),
         diagnosis=diagnosed.diagnosis,
         diagnosis_scope=_diagnosis_scope(replayed),
         notes=tokenization_note(server_comparison)
@@ -227,7 +270,8 @@ def report(
             if replayed.order is not None
             else []
         )
-        + ([_streaming_note(sample, whole)] if replayed.streamed else []),
+        + ([_streaming_note(sample, whole)] if replayed.streamed else [])
+        + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),
             prompt_lengths,
@@ -235,13 +279,14 @@ def report(
             distinct_tokens=int(replays.trie.length.sum()),
             capacity_tokens=settings.capacity_tokens,
         ),
+        fleet=None if fleet_run is None else fleet_run.summary,
     )
     losses = pl.DataFrame(diagnosed.per_request)
     if replayed.streamed:  # per-request causes for the diagnosed sample only
         losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
     return Analysis(
         report=report,
-        per_request=_per_request(whole.requests, replays).hstack(losses),
+        per_request=_with_fleet(_per_request(whole.requests, replays).hstack(losses), fleet_run),
         tokenized=sample,
         replays=replayed.sample_replays,
     )
@@ -418,3 +463,14 @@ def _per_request(requests: pl.DataFrame, replays: Replays) -> pl.DataFrame:
         for name, values in result.counters.items():
             columns[f"{result.engine}_{name}"] = values
     return pl.DataFrame(columns)
+
+
+def _with_fleet(table: pl.DataFrame, fleet_run: FleetRun | None) -> pl.DataFrame:
+    """Each request's replica and its hits on one instance with the fleet's total capacity."""
+    if fleet_run is None:
+        return table
+    return table.with_columns(
+        pl.Series("replica", fleet_run.placement),
+        pl.Series("single_vllm_hit", fleet_run.single.vllm.hit_tokens),
+        pl.Series("single_sglang_hit", fleet_run.single.sglang.hit_tokens),
+    )

@@ -136,7 +136,7 @@ def replay_log(
     order it is read; ``namespace_labels()`` gives the whole stream's once it is read."""
     following = next(rest, None)
     if following is None:
-        _check_arrivals(sample.workload, settings)
+        check_arrivals(sample.workload, settings)
         order = arrival_order(sample.workload)
         models = model_labels(sample.requests["model"])
         if order is None:
@@ -192,7 +192,7 @@ def _fed(
     return results | {"ideal": ReplayResult("ideal", ideal["ideal"])}
 
 
-def _check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
+def check_arrivals(workload: Workload, settings: ReplaySettings) -> None:
     if settings.time_model is not None and workload.arrival_s is None:
         raise PrefixcheckError(
             "--replay-in-time needs an arrival time on every request (a timestamp field, or "

@@ -16,6 +16,7 @@ from analyzer.shares import share
 
 if TYPE_CHECKING:
     from analyzer.diagnose.model import Diagnosis
+    from analyzer.fleet_run import FleetSummary
 
 SCHEMA_VERSION = 1
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
@@ -168,6 +169,7 @@ class Report:
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
     executor: dict[str, Any] | None = None  # where it ran, when not in this process (--executor)
+    fleet: FleetSummary | None = None  # --replicas: the fleet beside one instance
 
     @property
     def alignment_share(self) -> float:
@@ -204,6 +206,7 @@ class Report:
             "prefill_estimate": self.prefill_estimate.to_dict() if self.prefill_estimate else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "diagnosis_scope": self.diagnosis_scope.to_dict() if self.diagnosis_scope else None,
+            "fleet": self.fleet.to_dict() if self.fleet else None,
             **(
                 self.diagnosis.to_dict(self.diagnosis_scope)
                 if self.diagnosis and self.diagnosis_scope

@@ -25,6 +25,7 @@ from rich.console import Console
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.executors import ExecutorName, ExecutorOptions
+from analyzer.fleet_run import is_fleet_fix
 from analyzer.gates import LossLimit
 from analyzer.ingest import IngestOptions
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS, preset
@@ -32,6 +33,7 @@ from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS
 from analyzer.replay import ReplaySettings
 from cache_models.config import SGLANG_EVICTION_POLICIES, SglangEvictionPolicy, TimeModel
 from cli.common import fail
+from cli.fleet_flags import FleetFlags
 from cli.inputs import (
     Cache,
     ChatTemplate,
@@ -190,7 +192,7 @@ class DiagnoseFlags:
             "--what-if",
             help="Replay a fix: pad-prefixes, move-dynamic, reorder-parts, no-salt, "
             "block-size=N, page-size=N, capacity=N, eviction-policy=P; join with + to "
-            "combine; repeatable.",
+            "combine; repeatable. With --replicas: router=NAME, replicas=N, session-field=F.",
         ),
     ] = None
     top: Annotated[int, typer.Option(min=0, help="Shared prefixes to show.")] = 10
@@ -203,9 +205,13 @@ class DiagnoseFlags:
         ),
     ] = None
     specs: tuple[WhatIfSpec, ...] = field(init=False, repr=False)
+    fleet_what_if: tuple[str, ...] = field(init=False, repr=False)  # router=, replicas=, ...
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "specs", tuple(WhatIfSpec.parse(t) for t in self.what_if or ()))
+        texts = self.what_if or ()
+        specs = tuple(WhatIfSpec.parse(t) for t in texts if not is_fleet_fix(t))
+        object.__setattr__(self, "specs", specs)
+        object.__setattr__(self, "fleet_what_if", tuple(t for t in texts if is_fleet_fix(t)))
         if self.model_preset is not None:
             preset(self.model_preset)
 
@@ -291,6 +297,7 @@ GROUPS = (
     OutputFlags,
     GateFlags,
     ExecutorFlags,
+    FleetFlags,
 )
 
 

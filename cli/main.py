@@ -35,6 +35,7 @@ from cli.flags import (
     SchedulerFlags,
     flag_groups,
 )
+from cli.fleet_flags import FleetFlags
 from cli.inputs import Files
 from cli.lint import lint_command
 from cli.measure import logits_mismatch, measure_command
@@ -96,6 +97,7 @@ def analyze_command(
     outputs: OutputFlags,
     gates: GateFlags,
     run_on: ExecutorFlags,
+    fleet: FleetFlags,
     quiet: Annotated[bool, typer.Option(help="No terminal report.")] = False,
     measure: Annotated[
         bool, typer.Option(help="Also time sampled prefills (gpu extra; see `measure`).")
@@ -113,6 +115,8 @@ def analyze_command(
             what_if=diagnose.specs,
             model_preset=diagnose.model_preset or DEFAULT_ESTIMATE_PRESET,
             sample_tokens=diagnose.diagnose_tokens,
+            fleet=fleet.options,
+            fleet_what_if=diagnose.fleet_what_if,
         )
         measure_with = (
             measurer(MeasureOptions(model_preset=diagnose.model_preset)) if measure else None

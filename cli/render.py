@@ -11,6 +11,7 @@ from rich.text import Text
 from analyzer.gates import GateResult
 from analyzer.report import EngineSummary, Report
 from cli.render_diagnosis import render_diagnosis
+from cli.render_fleet import fleet_table
 from cli.render_inputs import models_table, server_table
 from cli.render_measure import estimate_table, render_measurement
 
@@ -23,6 +24,8 @@ def render_report(report: Report, console: Console) -> None:
     if report.skipped.count:
         console.print(_skipped(report))
     console.print(_engines(report))
+    if report.fleet is not None:
+        console.print(fleet_table(report.fleet))
     if report.models:
         console.print(models_table(report.models))
     if report.server_comparison is not None:

@@ -47,6 +47,7 @@ class DiagnoseInput:
     redact: bool
     what_if: tuple[str, ...] = ()
     reordered: Reordered | None = None  # the log with its message parts in one order
+    fleet_hits: dict[str, np.ndarray] | None = None  # fleet replays: hits on the chosen replicas
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def diagnose_log(
     what_if: tuple[str, ...] = (),
     parts: PartsSource | None = None,
     progress: Progress | None = None,
+    fleet_hits: dict[str, np.ndarray] | None = None,
 ) -> DiagnoseResult:
     """``diagnose`` for the pipeline: the workload, replays and request table in input order,
     replayed in ``order`` (None: as they are); per-request losses come back in input order.
@@ -89,6 +91,8 @@ def diagnose_log(
         )
         models = models[order]
         salt_free = salt_free[order]
+        if fleet_hits is not None:
+            fleet_hits = {engine: hits[order] for engine, hits in fleet_hits.items()}
         if reordered is not None:
             reordered = replace(reordered, workload=reordered.workload.select(order))
     inputs = DiagnoseInput(
@@ -101,6 +105,7 @@ def diagnose_log(
         redact=redact,
         what_if=what_if,
         reordered=reordered,
+        fleet_hits=fleet_hits,
     )
     result = diagnose(inputs, progress)
     if order is None:
@@ -139,8 +144,11 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         constant_ceiling = original_hits(normalised, edits, workload.prompt_lengths)
     ceilings = Ceilings(replays.ideal.hit_tokens, salt_free_ceiling, constant_ceiling)
     lengths = workload.prompt_lengths
+    fleet = inputs.fleet_hits or {}
     losses = {
-        e: attribute(e, lengths, hits[e], unbounded[e], sequential_unbounded[e], ceilings)
+        e: attribute(
+            e, lengths, hits[e], unbounded[e], sequential_unbounded[e], ceilings, fleet.get(e)
+        )
         for e in hits
     }
     moves = static_runs(workload, spans, len(sites))

@@ -16,7 +16,9 @@ token-exact, the last token always recomputed):
 - ``concurrency`` = that - the engine's unbounded hit in the replay mode used: what requests in
   flight together could not share (0 in a sequential replay);
 - ``eviction`` = the engine's unbounded hit - its hit at the configured capacity (requests too big
-  for the cache included).
+  for the cache included);
+- ``routing`` (fleet replays only) = the hit of one instance holding the fleet's total capacity -
+  the request's hit on the replica its router chose: what spreading the traffic cost.
 
 Each counterfactual can only add hits, so every term is >= 0; where a replay disagrees (a model's
 quirk), the chain is clamped to stay monotone and ``clamped`` counts the requests concerned.
@@ -36,6 +38,7 @@ CATEGORIES = (
     "alignment",
     "concurrency",
     "eviction",
+    "routing",
 )
 
 
@@ -67,9 +70,12 @@ def attribute(
     unbounded_hit: np.ndarray,
     sequential_unbounded_hit: np.ndarray,
     ceilings: Ceilings,
+    routed_hit: np.ndarray | None = None,
 ) -> Losses:
-    """Split L - hit of every request into the causes above."""
+    """Split L - hit of every request into the causes above; with ``routed_hit`` (the fleet's
+    hits) the split is of L - routed_hit and ``hit`` is the single instance's."""
     levels = [
+        hit if routed_hit is None else routed_hit,
         hit,
         unbounded_hit,
         sequential_unbounded_hit,
@@ -78,14 +84,14 @@ def attribute(
         ceilings.salt_free_constant_values,
     ]
     clamped = np.zeros(len(hit), bool)
-    monotone = [hit.astype(np.int64)]
+    monotone = [levels[0].astype(np.int64)]
     for level in levels[1:]:
         raised = np.maximum(level, monotone[-1])
         clamped |= raised != level
         monotone.append(raised)
     top = prompt_lengths.astype(np.int64) - 1
     clamped |= monotone[-1] > top
-    h, u, s, c, c_salt_free, c_constant = (np.minimum(level, top) for level in monotone)
+    f, h, u, s, c, c_salt_free, c_constant = (np.minimum(level, top) for level in monotone)
     per_request = {
         "never_seen": top - c_constant,
         "last_token": np.ones(len(hit), np.int64),
@@ -94,5 +100,6 @@ def attribute(
         "alignment": c - s,
         "concurrency": s - u,
         "eviction": u - h,
+        "routing": h - f,
     }
     return Losses(engine, per_request, int(clamped.sum()))

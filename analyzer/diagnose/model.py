@@ -27,6 +27,8 @@ LOSS_DEFINITIONS = {
     "concurrency": "the engine's sequential unbounded hits - its unbounded hits in the replay mode "
     "used: what requests in flight together could not share (0 when sequential)",
     "eviction": "the engine's hits with unbounded capacity - its hits at the configured capacity",
+    "routing": "fleet replays: the hits of one instance with the fleet's total capacity - the "
+    "hits on the replicas the router chose (0 for one instance)",
     "ceiling": "the ideal cache: unbounded, token-exact, every prompt and cacheable answer kept",
 }
 
