@@ -107,6 +107,16 @@ def test_a_hash_trace_split_in_8_files_is_byte_identical(cluster, tmp_path: Path
     assert report["skipped"]["count"] == 2
     assert "Requests replayed in timestamp order" in " ".join(report["notes"])
     assert on_ray == local
+    # The same files as a file:// glob, read through pyarrow.fs: the same report but the names.
+    out = tmp_path / "uri.json"
+    code, output = run_cli(
+        f"file://{tmp_path}/trace/trace-*.jsonl", "--quiet", "--no-cache", "--json", out,
+        "--executor", "ray",
+    )  # fmt: skip
+    assert code == 0, output
+    through_uri = json.loads(out.read_text())
+    through_uri.pop("executor")
+    assert json.dumps(through_uri).replace("file://", "") == json.dumps(report)
 
 
 def tokens_log(n: int = 900, seed: int = 3) -> bytes:

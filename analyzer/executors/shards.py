@@ -104,8 +104,9 @@ class ShardMeta:
 def restore_uri(name: str) -> str:
     """A URI as typer's Path argument left it (``s3:/b/k``) with its ``//`` back."""
     match = _URI.match(name)
-    if match and len(match.group(1)) > 1:
-        return f"{match.group(1)}://{name[match.end() :]}"
+    if match and len(match.group(1)) > 1:  # not a Windows drive letter
+        scheme, rest = match.group(1), name[match.end() :]
+        return f"file:///{rest}" if scheme == "file" else f"{scheme}://{rest}"
     return name
 
 
