@@ -11,6 +11,7 @@ are fetched from the object store when its first chunk is built and dropped afte
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,11 +62,14 @@ class RayIngest(ChunkedIngest):
         self.split_bytes = split_bytes
         self.records_budget = records_budget  # prompt tokens whose records the diagnosis reads
         self.metas: list[ShardMeta] = []
+        self.tasks_seconds = 0.0
 
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
+        began = time.perf_counter()
         specs = plan_shards(self.paths, self.options, self.split_bytes)
         refs = [self.submit(spec, self.options) for spec in specs]
         self.metas = metas = self.gather([r[0] for r in refs], specs, self.progress)
+        self.tasks_seconds = time.perf_counter() - began  # until every shard was read
         first_strict = next((m.strict_error for m in metas if m.strict_error), None)
         offsets = _line_offsets(metas)
         if first_strict is not None:
