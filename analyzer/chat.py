@@ -9,8 +9,9 @@ template's content format, detected as that server detects it.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -18,8 +19,7 @@ from typing import Any
 
 import jinja2
 from jinja2 import nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.ext import Extension
 
 from analyzer.chat_server import (
     RENDERINGS,
@@ -31,6 +31,7 @@ from analyzer.chat_server import (
 )
 from analyzer.errors import BadLine, PrefixcheckError
 from analyzer.records import Message
+from analyzer.sandbox import BoundedSandbox, render_bounded
 from analyzer.templates import BUILTIN_TEMPLATES, builtin_template
 from analyzer.tokenizer import SpecialTokens
 
@@ -99,14 +100,32 @@ class ChatRenderer:
             )
 
     @cached_property
+    def fingerprint(self) -> str:
+        """A hash of what decides the rendered text besides the request: the template(s),
+        the default kwargs, the special tokens, the image placeholder and the rendering."""
+        parts = [
+            self.template,
+            self.default_kwargs,
+            asdict(self.special),
+            self.image_placeholder,
+            self.rendering,
+        ]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+
+    @cached_property
     def _compiled(self) -> dict[str, tuple[jinja2.Template, str, bool]]:
         """Each template, its content format and whether it names the developer role."""
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols]
-        )
-        env.filters["tojson"] = _tojson
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation])
+        env.add_filter("tojson", _tojson)
         env.globals["raise_exception"] = _raise_exception
         sources = self.template if isinstance(self.template, dict) else {"default": self.template}
+        if not isinstance(sources, dict) or not all(
+            isinstance(name, str) and isinstance(source, str) for name, source in sources.items()
+        ):
+            raise PrefixcheckError(
+                f"chat template {self.name!r} is not a string (nor named strings), but "
+                f"{type(self.template).__name__}"
+            )
         try:
             return {
                 name: (
@@ -118,6 +137,16 @@ class ChatRenderer:
             }
         except jinja2.TemplateError as exc:
             raise PrefixcheckError(f"chat template {self.name!r} does not compile: {exc}") from None
+        except (RecursionError, MemoryError, ValueError, TypeError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            message = f"chat template {self.name!r} does not compile: {reason}"
+            raise PrefixcheckError(message) from None
+
+    def check(self) -> ChatRenderer:
+        """The renderer, its template compiled (a template that does not compile is an error of
+        the run, found before any request)."""
+        self._compiled  # noqa: B018
+        return self
 
     def _content_format(self, source: str, tree: nodes.Template) -> str:
         if self.rendering == "sglang":
@@ -153,14 +182,17 @@ class ChatRenderer:
             names_developer=names_developer,
         )
         try:
-            return template.render(
-                **self.special.template_tokens(),
-                **{k: v for k, v in extra.items() if k not in RESERVED},
-                messages=[alias_reasoning(m) for m in prepared],
-                tools=server_tools(tools, self.rendering),
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                strftime_now=when.strftime,
+            return render_bounded(
+                template,
+                {
+                    **self.special.template_tokens(),
+                    **{k: v for k, v in extra.items() if k not in RESERVED},
+                    "messages": [alias_reasoning(m) for m in prepared],
+                    "tools": server_tools(tools, self.rendering),
+                    "documents": None,
+                    "add_generation_prompt": add_generation_prompt,
+                    "strftime_now": when.strftime,
+                },
             )
         except BadLine:
             raise
@@ -196,8 +228,11 @@ def chat_renderer(
     """The renderer for ``--chat-template``: one of the tokenizer's named templates, a built-in
     family template, or a template file; by default the tokenizer's own template, else Qwen2.5's.
     ``rendering`` is the server whose request preparation is reproduced ("vllm", "sglang").
+    Its template is compiled here: one that does not compile, or is not a string, is an error
+    before any request.
     """
-    return _chosen_renderer(template, special, choice, default_kwargs).with_rendering(rendering)
+    renderer = _chosen_renderer(template, special, choice, default_kwargs)
+    return renderer.with_rendering(rendering).check()
 
 
 def _chosen_renderer(

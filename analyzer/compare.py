@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 from analyzer.errors import PrefixcheckError
 from analyzer.gates import engines_for
+from analyzer.loaders.jsonl import bounded_json
 from analyzer.report import SCHEMA_VERSION
 
 
@@ -92,7 +92,7 @@ class Comparison:
 
 def load_report(path: Path) -> dict[str, Any]:
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
+        report = bounded_json(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PrefixcheckError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except ValueError as exc:
@@ -102,7 +102,51 @@ def load_report(path: Path) -> dict[str, Any]:
             f"{path}: not a prefixcheck report of schema version {SCHEMA_VERSION} "
             "(write one with `prefixcheck analyze ... --json PATH`)"
         )
+    problem = _shape_problem(report)
+    if problem:
+        raise PrefixcheckError(f"{path}: not a prefixcheck report ({problem})")
     return report
+
+
+def _shape_problem(report: dict[str, Any]) -> str:
+    """What in a report compare cannot read (a hand-edited or truncated file), or ""."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    engines = report.get("engines")
+    if not isinstance(engines, dict):
+        return "'engines' is not an object"
+    for name in ("vllm", "sglang"):
+        engine = engines.get(name)
+        if not isinstance(engine, dict) or not number(engine.get("hit_rate")):
+            return f"'engines.{name}.hit_rate' is not a number"
+        if not isinstance(engine.get("label"), str):
+            return f"'engines.{name}.label' is not a string"
+    losses = report.get("losses", {})
+    if not isinstance(losses, dict) or not all(
+        isinstance(kinds, dict)
+        and all(
+            number(entry) or (isinstance(entry, dict) and number(entry.get("tokens")))
+            for entry in kinds.values()
+        )
+        for kinds in losses.values()
+    ):
+        return "'losses' is not an object of token counts"
+    prefixes = report.get("shared_prefixes", [])
+    keys = ("fingerprint", "tokens", "remainder", "requests")
+    if not isinstance(prefixes, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("fingerprint"), str) and all(k in p for k in keys)
+        for p in prefixes
+    ):
+        return "'shared_prefixes' is not a list of prefixes"
+    if not all(number(p[k]) for p in prefixes for k in keys[1:]):
+        return "'shared_prefixes' has a count that is not a number"
+    if not all(isinstance(p.get("snippet"), str | None) for p in prefixes):
+        return "'shared_prefixes' has a snippet that is not text"
+    if not isinstance(report.get("block_size", 16), int):
+        return "'block_size' is not an integer"
+    return ""
 
 
 def _label(base: str, head: str) -> str:

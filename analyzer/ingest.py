@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.chat import ChatRenderer, chat_renderer
-from analyzer.errors import PrefixcheckError
+from analyzer.errors import PrefixcheckError, SkipLog
 from analyzer.loaders import LoadResult, iter_records
 from analyzer.loaders.mapped import FieldMap
 from analyzer.progress import Progress
@@ -123,9 +123,7 @@ class ChunkedIngest:
     def finished(self, chunks: Sequence[Chunk]) -> Ingested:
         """The chunks read so far as one log; errors when nothing could be read."""
         if not chunks or not any(c.tokenized.workload.n_requests for c in chunks):
-            summary = SkipSummary.of(
-                self.loaded.skips + [s for c in chunks for s in c.tokenized.skips]
-            )
+            summary = SkipSummary.of(sum((c.tokenized.skips for c in chunks), self.loaded.skips))
             if not self.loaded.skips and chunks:
                 first = chunks[0].tokenized.skips[0] if chunks[0].tokenized.skips else None
                 raise PrefixcheckError(
@@ -152,12 +150,15 @@ def _take(records: Iterator[Record], limit: int) -> list[Record]:
 
 
 def _estimated_tokens(record: Record) -> int:
+    """Prompt and answer tokens, guessed before tokenizing (a claimed output length is
+    allocated as that many unknown tokens, so it counts too)."""
+    output = record.output_length or 0
     if record.prompt_token_ids is not None:
-        return len(record.prompt_token_ids)
+        return len(record.prompt_token_ids) + output
     if record.prompt is not None:
-        return len(record.prompt) // CHARS_PER_TOKEN
+        return len(record.prompt) // CHARS_PER_TOKEN + output
     content = sum(len(str(message.get("content") or "")) for message in record.messages or [])
-    return content // CHARS_PER_TOKEN
+    return content // CHARS_PER_TOKEN + output
 
 
 def ingest(paths: list[Path], options: IngestOptions, progress: Progress) -> Ingested:
@@ -173,7 +174,7 @@ def merge(chunks: Sequence[Chunk], state: ChunkState) -> TokenizedLog:
     return TokenizedLog(
         workload=concat_workloads(workloads),
         requests=pl.concat([log.requests for log in logs], how="vertical_relaxed"),
-        skips=[skip for log in logs for skip in log.skips],
+        skips=sum((log.skips for log in logs), SkipLog()),
         namespace_labels=state.labels(),
         from_text=any(log.from_text for log in logs),
         assumed_stop_finish=sum(log.assumed_stop_finish for log in logs),
@@ -193,7 +194,22 @@ def concat_workloads(workloads: Sequence[Workload]) -> Workload:
         namespace=np.concatenate([w.namespace for w in workloads]),
         stop_finish=np.concatenate([w.stop_finish for w in workloads]),
         arrival_s=None if any(a is None for a in arrivals) else np.concatenate(arrivals),
+        priority=_joined_column([w.priority for w in workloads], [w.priorities for w in workloads]),
+        skip_prefix_lookup=_joined_column(
+            [w.skip_prefix_lookup for w in workloads], [w.skips_lookup for w in workloads]
+        ),
+        hit_limit=_joined_column(
+            [w.hit_limit for w in workloads], [w.hit_limits for w in workloads]
+        ),
     )
+
+
+def _joined_column(
+    given: Sequence[np.ndarray | None], filled: Sequence[np.ndarray]
+) -> np.ndarray | None:
+    """An optional per-request column over joined chunks: None when no chunk has it, otherwise
+    each chunk's values (its default where it has none)."""
+    return None if all(g is None for g in given) else np.concatenate(filled)
 
 
 def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:

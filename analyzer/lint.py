@@ -8,7 +8,6 @@ ends that shared prefix, so static text after it is recomputed by every request.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import numpy as np
 
 from analyzer.chat import ChatRenderer
 from analyzer.errors import BadLine, PrefixcheckError
+from analyzer.loaders.jsonl import bounded_json
 from analyzer.tokenizer import Tokenizer
 
 TEMPLATE_SUFFIXES = (".txt", ".md", ".prompt", ".j2", ".jinja", ".jinja2", ".json")
@@ -172,7 +172,7 @@ def _render(path: Path, source: str, filler: str, renderer: ChatRenderer, raw: b
 
 def _messages(path: Path, text: str) -> list[dict[str, Any]]:
     try:
-        messages = json.loads(text)
+        messages = bounded_json(text)
     except ValueError as exc:
         raise PrefixcheckError(f"{path}: not a JSON message list ({exc})") from None
     if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):

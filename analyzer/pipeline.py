@@ -41,6 +41,7 @@ from analyzer.report import (
 from analyzer.server_compare import compare_with_server, tokenization_note
 from analyzer.shares import hit_rate, mean_request_hit_rate
 from analyzer.snippets import snippet
+from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
@@ -264,7 +265,7 @@ def report(
         diagnosis_scope=_diagnosis_scope(replayed),
         notes=tokenization_note(server_comparison)
         + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
-        + _loading_notes(loaded.answers_joined, whole)
+        + _loading_notes(loaded.answers_joined)
         + (
             ["Requests replayed in timestamp order (the log is not sorted by arrival)."]
             if replayed.order is not None
@@ -272,6 +273,7 @@ def report(
         )
         + ([_streaming_note(sample, whole)] if replayed.streamed else [])
         + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
+        run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),
             prompt_lengths,
@@ -429,18 +431,29 @@ def _notes(tokenized: LogTable, hash_trace: bool, hash_block_size: int | None) -
     return notes
 
 
-def _loading_notes(answers_joined: int, tokenized: LogTable) -> list[str]:
-    """What the reader joined and what the token cache saved."""
+def _loading_notes(answers_joined: int) -> list[str]:
+    """What the reader joined."""
     notes = []
     if answers_joined:
         notes.append(f"{answers_joined} answer lines joined to their requests by request id.")
-    cache = tokenized.token_cache
-    if cache.error:
-        notes.append(f"Token cache not used: {cache.error}.")
-    elif cache.from_cache:
+    return notes
+
+
+def cache_notes(stats: CacheStats) -> list[str]:
+    """What the token cache did: shown on the terminal, never in the JSON (which must be the
+    same from a cold and a warm cache)."""
+    notes = []
+    if stats.damaged:
         notes.append(
-            f"Token cache: {cache.from_cache} distinct prompts read from disk, "
-            f"{cache.tokenized} tokenized."
+            f"Token cache: damaged data found ({stats.damaged} entries or files), discarded; "
+            "those texts were tokenized again."
+        )
+    if stats.error:
+        notes.append(f"Token cache not used: {stats.error}.")
+    elif stats.from_cache:
+        notes.append(
+            f"Token cache: {stats.from_cache} distinct texts read from disk, "
+            f"{stats.tokenized} tokenized."
         )
     return notes
 

@@ -37,6 +37,10 @@ class Record:
     output_length: int | None = None
     finish_reason: str | None = None
     cache_salt: str | None = None
+    extra_key: str | None = None  # SGLang's request extra_key: its own cache namespace
+    priority: int | None = None  # SGLang's request priority (stored in the radix tree)
+    prompt_logprobs: bool | None = None  # vLLM prompt_logprobs set: no prefix lookup
+    logprob_start_len: int | None = None  # SGLang return_logprob's start: caps the match
     lora: str | None = None
     model: str | None = None
     arrival_s: float | None = None

@@ -10,7 +10,7 @@ from itertools import chain
 import numpy as np
 import polars as pl
 
-from analyzer.errors import PrefixcheckError
+from analyzer.errors import PrefixcheckError, SkipLog
 from analyzer.pool import CacheFactory, CachePool, Router, concatenated, model_labels
 from analyzer.progress import NoProgress, Progress
 from analyzer.token_cache import CacheStats
@@ -34,6 +34,16 @@ class ReplaySettings:
     max_in_flight: int = 1
     # Replay in arrival time with this service-time model (needs timestamps); None = by order.
     time_model: TimeModel | None = None
+    # vLLM --max-num-batched-tokens (None: no per-step budget) and --long-prefill-token-threshold.
+    max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int = 0
+    # SGLang: False = --disable-overlap-schedule; the --radix-eviction-policy-config parameters.
+    overlap_schedule: bool = True
+    slru_protected_threshold: int = 2
+    tlru_threshold: int = 0
+    tlru_next_prompt_estimate: int = 0
+    # The engine defaults this run assumed, in words, for the report ("" when none).
+    assumed_defaults: str = ""
 
     def vllm(self) -> VllmConfig:
         return VllmConfig(
@@ -41,6 +51,8 @@ class ReplaySettings:
             capacity_tokens=self.capacity_tokens,
             max_in_flight=self.max_in_flight,
             time_model=self.time_model,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
         )
 
     def sglang(self, page_size: int | None = None) -> SglangConfig:
@@ -51,6 +63,10 @@ class ReplaySettings:
             chunked_prefill_size=self.chunked_prefill_size,
             max_in_flight=self.max_in_flight,
             time_model=self.time_model,
+            overlap_schedule=self.overlap_schedule,
+            slru_protected_threshold=self.slru_protected_threshold,
+            tlru_threshold=self.tlru_threshold,
+            tlru_next_prompt_estimate=self.tlru_next_prompt_estimate,
         )
 
     @property
@@ -68,15 +84,20 @@ class ReplaySettings:
     @property
     def mode(self) -> str:
         """The replay mode in words, for the report."""
+        assumed = f"; {self.assumed_defaults}" if self.assumed_defaults else ""
         if self.time_model is not None:
             return (
                 f"arrival time (up to {self.max_in_flight} in flight; prefill "
                 f"{self.time_model.prefill_tokens_per_s:g} tokens/s, decode "
-                f"{self.time_model.decode_tokens_per_s:g} tokens/s per request)"
+                f"{self.time_model.decode_tokens_per_s:g} tokens/s per request){assumed}"
             )
         if self.max_in_flight > 1:
-            return f"concurrent (up to {self.max_in_flight} in flight, lock-step)"
-        return "sequential"
+            budget = self.max_num_batched_tokens
+            per_step = f", {budget} tokens per step" if budget else ""
+            return (
+                f"concurrent (up to {self.max_in_flight} in flight, lock-step{per_step}){assumed}"
+            )
+        return f"sequential{assumed}"
 
 
 @dataclass(frozen=True)
@@ -229,7 +250,7 @@ def _rows_only(log: LogTable) -> LogTable:
 def _joined(tables: list[LogTable], namespace_labels: list[str]) -> LogTable:
     return LogTable(
         requests=pl.concat([t.requests for t in tables], how="vertical_relaxed"),
-        skips=[skip for t in tables for skip in t.skips],
+        skips=sum((t.skips for t in tables), SkipLog()),
         namespace_labels=namespace_labels,
         from_text=any(t.from_text for t in tables),
         assumed_stop_finish=sum(t.assumed_stop_finish for t in tables),

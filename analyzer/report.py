@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from analyzer.errors import Skip
+from analyzer.errors import Skip, SkipLog
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
 from analyzer.server_compare import ServerComparison
@@ -88,12 +87,12 @@ class SkipSummary:
     examples: list[str]
 
     @classmethod
-    def of(cls, skips: list[Skip]) -> SkipSummary:
-        reasons = Counter(_reason_kind(skip.reason) for skip in skips)
+    def of(cls, skips: SkipLog | list[Skip]) -> SkipSummary:
+        log = skips if isinstance(skips, SkipLog) else SkipLog(skips)
         return cls(
-            count=len(skips),
-            reasons=dict(reasons.most_common()),
-            examples=[str(skip) for skip in skips[:SKIP_EXAMPLES]],
+            count=log.count,
+            reasons=dict(log.reasons.most_common()),
+            examples=[str(skip) for skip in log.kept[:SKIP_EXAMPLES]],
         )
 
 
@@ -162,6 +161,9 @@ class Report:
     shared_prefixes: list[PrefixSummary]
     recommendations: list[Recommendation]
     notes: list[str] = field(default_factory=list)
+    # What this run did that another run over the same input may not (the token cache's
+    # reads): shown on the terminal, kept out of the JSON so that equal inputs give equal JSON.
+    run_notes: list[str] = field(default_factory=list)
     models: dict[str, ModelSummary] = field(default_factory=dict)  # when the log has several
     server_comparison: ServerComparison | None = None  # the server's own cached-token counts
     prefill_estimate: PrefillEstimate | None = None  # FLOPs and KV bytes on a model shape
@@ -214,11 +216,6 @@ class Report:
             ),
             **({"executor": self.executor} if self.executor is not None else {}),
         }
-
-
-def _reason_kind(reason: str) -> str:
-    """Group reasons that differ only in details (a position, a value) under one heading."""
-    return reason.split(" (", 1)[0]
 
 
 def report_schema() -> dict[str, Any]:

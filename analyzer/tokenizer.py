@@ -3,8 +3,8 @@
 tiktoken cache only), or a Hugging Face hub name (the only path that goes online).
 
 A byte-level BPE ``tokenizer.json`` is run through tiktoken when it converts exactly (the fast
-path, several times faster): its ids are checked against the ``tokenizers`` library's on a sample
-of the first texts, and any difference turns the fast path off for the run.
+path, several times faster), which is decided from its vocabulary and merges when it is loaded
+(analyzer/tokenizer_fast.py), never from a sample of texts.
 """
 
 from __future__ import annotations
@@ -30,15 +30,6 @@ from analyzer.tokenizer_fast import FastEncoding, fast_encoding
 DEFAULT_TOKENIZER = "qwen2.5"
 TIKTOKEN_PREFIX = "tiktoken:"
 _ENCODE_THREADS = max(1, min(8, os.cpu_count() or 1))
-FAST_CHECK_TEXTS = 256  # texts of the first batch compared between the fast and the exact path
-# Texts that exercise the pre-tokenizer's corners in every fast-path check.
-FAST_CHECK_SAMPLES = (
-    "Hello world! It's 2024-07-26, isn't it?  Tabs\tand\r\nnewlines\n\n\n  indented",
-    "naïve café Ünïcödé 東京タワー 한국어 ๏ emoji 🙂🚀 math ∑x² = 3.14159",
-    "def f(x):\n    return {'a': [1, 2, 3]}  # comment\n\t\tx  +=  1000000000",
-    "   leading and trailing spaces   ",
-    "'S 'T 'RE 'VE 'M 'LL 'D don't WON'T",
-)
 # Placeholder text of multimodal families, as their processors insert it per image.
 IMAGE_PLACEHOLDERS = (
     "<|vision_start|><|image_pad|><|vision_end|>",  # Qwen2-VL, Qwen2.5-VL
@@ -200,39 +191,23 @@ class HuggingFaceTokenizer:
     chat_template: str | dict[str, str] | None = None
     source_digest: str = ""
     fast: FastEncoding | None = None
-    fast_checked: bool = False
     fast_note: str = ""
 
     @property
     def fingerprint(self) -> str:
-        return self.source_digest
+        """The files' digest and the implementation that encodes (their ids are equal when the
+        fast path is on, but the token cache keeps them apart all the same)."""
+        return f"{self.source_digest}-{'tiktoken' if self.fast else 'tokenizers'}"
 
     @property
     def description(self) -> str:
         return f"{self.name} ({self.fast_note})" if self.fast_note else self.name
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
-        if self.fast is not None and not self.fast_checked:
-            self._check_fast(texts)
         if self.fast is not None:
             return self.fast.encode_batch(texts, add_special_tokens=add_special_tokens)
         encodings = self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [np.asarray(encoding.ids, dtype=np.int32) for encoding in encodings]
-
-    def _check_fast(self, texts: list[str]) -> None:
-        """Compare the fast path with ``tokenizers`` on a sample; turn it off on a difference."""
-        assert self.fast is not None
-        self.fast_checked = True
-        sample = [*FAST_CHECK_SAMPLES, *texts[:FAST_CHECK_TEXTS]]
-        for special in (False, True):
-            exact = self.backend.encode_batch(sample, add_special_tokens=special)
-            fast = self.fast.encode_batch(sample, add_special_tokens=special)
-            for text, want, got in zip(sample, exact, fast, strict=True):
-                if want.ids != got.tolist():
-                    self.fast = None
-                    self.fast_note = f"fast path off: tiktoken differs on {text[:30]!r}"
-                    return
-        self.fast_note = "fast path: tiktoken, checked"
 
     def decode(self, ids: np.ndarray) -> str:
         size = self.backend.get_vocab_size(with_added_tokens=True)
@@ -272,9 +247,21 @@ def load_tokenizer(spec: str | None, *, fast: bool = True) -> Tokenizer:
         if not tokenizer_json.is_file():
             raise PrefixcheckError(f"{path}: no tokenizer.json in this folder")
         return _from_files(tokenizer_json, path / "tokenizer_config.json", str(path), fast)
-    if not _HUB_ID.fullmatch(spec):
+    if not _HUB_ID.fullmatch(spec) or _looks_local(spec):
         raise PrefixcheckError(f"{spec}: no such tokenizer file or folder")
     return _from_hub(spec, fast)
+
+
+def _looks_local(spec: str) -> bool:
+    """A name that is meant as a local path, which must not go to the hub when it is missing:
+    a file name (``tokenizer.json``), more than one folder, or a first folder that exists here
+    (``models/qwen`` beside a ``models`` folder)."""
+    path = Path(spec)
+    return (
+        path.suffix.lower() in {".json", ".model", ".tiktoken", ".txt"}
+        or len(path.parts) > 2
+        or (len(path.parts) == 2 and Path(path.parts[0]).is_dir())
+    )
 
 
 def tiktoken_tokenizer(encoding: str) -> TiktokenTokenizer:
@@ -345,15 +332,31 @@ def _from_files(
     special = _special_tokens(config, backend, multimodal=_is_multimodal(config_json.parent))
     digest = hashlib.sha256(source)
     digest.update(json.dumps([special.bos_token, special.add_bos_token]).encode())
+    encoding, note = (
+        _fast_encoding(source, digest.hexdigest(), backend)
+        if fast
+        else (None, "fast path off (--no-fast-tokenizer)")
+    )
     return HuggingFaceTokenizer(
         name=name,
         backend=backend,
         special=special,
         chat_template=config.get("chat_template"),
         source_digest=digest.hexdigest()[:32],
-        fast=fast_encoding(json.loads(source), backend) if fast else None,
-        fast_note="" if fast else "fast path off (--no-fast-tokenizer)",
+        fast=encoding,
+        fast_note=note,
     )
+
+
+_FAST: dict[str, tuple[FastEncoding | None, str]] = {}
+
+
+def _fast_encoding(source: bytes, digest: str, backend: Any) -> tuple[FastEncoding | None, str]:
+    """The fast path of one tokenizer.json, decided once per process (the merge check takes a
+    second or two on a 150k vocabulary)."""
+    if digest not in _FAST:
+        _FAST[digest] = fast_encoding(json.loads(source), backend)
+    return _FAST[digest]
 
 
 def _from_hub(repo_id: str, fast: bool) -> HuggingFaceTokenizer:

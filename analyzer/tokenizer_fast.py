@@ -1,15 +1,33 @@
 """The fast path: a byte-level BPE ``tokenizer.json`` (GPT-2 style: Qwen, Llama 3, DeepSeek, ...)
 converted to a tiktoken encoding, which encodes the same text several times faster.
 
-Only what converts exactly is converted: a BPE model with byte-level pre-tokenization by one
-regex (a ``Split`` + ``ByteLevel``, or ``ByteLevel`` with its own regex), no normalizer but NFC,
-no byte fallback, no dropout. tiktoken merges the pair whose merged token has the lowest id,
-``tokenizers`` the pair that comes first in the merge list; the two agree when ids follow the
-merge order, which the caller checks on a sample before it trusts the result.
+Only what converts exactly is converted, decided from the file itself (never from a sample of
+texts): a BPE model with byte-level pre-tokenization by one regex (a ``Split`` + ``ByteLevel``,
+or ``ByteLevel`` with its own regex), no normalizer but NFC, no byte fallback, no dropout, added
+tokens matched as tiktoken matches special tokens (no ``lstrip``/``rstrip``/``single_word``, none
+a prefix of another), and merges that tiktoken's rule reproduces.
+
+tiktoken (``src/lib.rs``, ``byte_pair_merge``) merges the adjacent pair whose concatenation has
+the lowest rank, leftmost first, and takes a whole pre-tokenized piece that is a token as it is;
+``tokenizers`` (``models/bpe/word.rs``, ``merge_all``) merges the pair that comes first in the
+merge list. The two agree on merges that are derived from the ranks the way transformers'
+``TikTokenConverter`` derives them (the conversion tiktoken models ship to the hub with), in one
+of its two layouts:
+
+- one merge per token, in rank order, each token's merge being the two parts that tiktoken's
+  rule reaches on that token's bytes with the lower ranks alone (trained BPE: DeepSeek, Qwen);
+- every split of every token into two tokens, by the token's rank, then by the parts' ranks
+  (``extract_vocab_merges_from_model``: Llama 3). Both rules then merge the same pairs in the
+  same order of ranks; they could only differ where two splits of one token meet around a shared
+  middle (``xy|z`` beside ``x|yz``), which transformers' conversion assumes BPE never reaches.
+
+Anything else (ids that do not follow the merge order, a merge that tiktoken's rule does not
+reach) runs through ``tokenizers``.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import unicodedata
 from dataclasses import dataclass
@@ -41,32 +59,18 @@ class FastEncoding:
         return [np.asarray(row, dtype=np.int32) for row in rows]
 
 
-def fast_encoding(config: dict[str, Any], backend: Any) -> FastEncoding | None:
-    """The tiktoken twin of a ``tokenizer.json`` (parsed), or None when it does not convert."""
-    model = config.get("model") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback") or model.get("dropout"):
-        return None
-    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
-        return None
-    nfc = _normalizer_is_nfc(config.get("normalizer"))
-    pattern = _pattern(config.get("pre_tokenizer"))
-    if nfc is None or pattern is None:
-        return None
-    byte_of = unicode_to_byte()
+def fast_encoding(config: dict[str, Any], backend: Any) -> tuple[FastEncoding | None, str]:
+    """The tiktoken twin of a ``tokenizer.json`` (parsed), or None when it does not convert
+    exactly; and why (a note for the report, with no text of any prompt in it)."""
     try:
-        ranks = {bytes(byte_of[c] for c in token): rank for token, rank in model["vocab"].items()}
-    except (KeyError, TypeError, AttributeError):
-        return None  # a token that is not byte-level text
-    specials = {
-        token["content"]: token["id"]
-        for token in config.get("added_tokens") or []
-        if isinstance(token, dict)
-    }
-    ranks = {token: rank for token, rank in ranks.items() if rank not in specials.values()}
-    if len(set(ranks.values())) != len(ranks) or any(bytes([b]) not in ranks for b in range(256)):
-        return None
+        found = _conversion(config)
+    except Exception as exc:  # a tokenizer.json of an unexpected shape: the exact path
+        return None, f"fast path off: unexpected tokenizer.json ({type(exc).__name__})"
+    if isinstance(found, str):
+        return None, f"fast path off: {found}"
     import tiktoken
 
+    ranks, specials, pattern, nfc = found
     try:
         encoding = tiktoken.Encoding(
             "tokenizer.json (fast path)",
@@ -75,9 +79,102 @@ def fast_encoding(config: dict[str, Any], backend: Any) -> FastEncoding | None:
             special_tokens=specials,
         )
     except Exception:
-        return None
+        return None, "fast path off: tiktoken does not take its pre-tokenizer regex"
     prefix, suffix = _post_processor_ids(backend)
-    return FastEncoding(encoding=encoding, nfc=nfc, prefix=prefix, suffix=suffix)
+    encoding_ = FastEncoding(encoding=encoding, nfc=nfc, prefix=prefix, suffix=suffix)
+    return encoding_, "fast path: tiktoken, merges checked against the vocabulary"
+
+
+Conversion = tuple[dict[bytes, int], dict[str, int], str, bool]
+
+
+def _conversion(config: dict[str, Any]) -> Conversion | str:
+    """tiktoken's ranks, special tokens, regex and NFC flag, or why they would differ."""
+    model = config.get("model") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback") or model.get("dropout"):
+        return "not a byte-level BPE without byte fallback or dropout"
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        return "subword prefixes or suffixes"
+    nfc = _normalizer_is_nfc(config.get("normalizer"))
+    pattern = _pattern(config.get("pre_tokenizer"))
+    if nfc is None or pattern is None:
+        return "a normalizer or pre-tokenizer that tiktoken does not reproduce"
+    added = [token for token in config.get("added_tokens") or [] if isinstance(token, dict)]
+    specials = {token["content"]: token["id"] for token in added}
+    if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in added):
+        return "added tokens that strip spaces or match single words"
+    contents = sorted(specials)
+    if any(b.startswith(a) for a, b in itertools.pairwise(contents)):
+        return "an added token that is a prefix of another (tiktoken matches the first listed)"
+    if nfc and any(unicodedata.normalize("NFC", text) != text for text in contents):
+        return "an added token that NFC changes"
+    byte_of = unicode_to_byte()
+    special_ids = set(specials.values())
+    as_bytes: dict[str, bytes] = {}
+    ranks: dict[bytes, int] = {}
+    for token, rank in model["vocab"].items():
+        if rank in special_ids:
+            continue
+        if not all(char in byte_of for char in token):
+            return "a vocabulary token that is not byte-level text"
+        as_bytes[token] = data = bytes(byte_of[char] for char in token)
+        ranks[data] = rank
+    if len(set(ranks.values())) != len(ranks) or any(bytes([b]) not in ranks for b in range(256)):
+        return "a vocabulary without every byte, or with two tokens of one id"
+    merges = []
+    for merge in model.get("merges") or []:
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        if left not in as_bytes or right not in as_bytes:
+            return "a merge of tokens outside the vocabulary"
+        merges.append((as_bytes[left], as_bytes[right]))
+    why = merges_follow_ranks(merges, ranks)
+    return why if why else (ranks, specials, pattern, nfc)
+
+
+def merges_follow_ranks(merges: list[tuple[bytes, bytes]], ranks: dict[bytes, int]) -> str:
+    """Empty when tiktoken's rule on ``ranks`` gives what ``merges`` give in ``tokenizers``
+    (see the module docstring), else why not."""
+    results = [left + right for left, right in merges]
+    if any(result not in ranks for result in results):
+        return "a merge whose result is not in the vocabulary"
+    result_ranks = [ranks[result] for result in results]
+    if any(a > b for a, b in itertools.pairwise(result_ranks)):
+        return "ids that do not follow the merge order"
+    made = set(results)
+    if any(len(token) > 1 and token not in made for token in ranks):
+        return "a token that no merge makes"
+    if len(made) == len(results):  # one merge per token: tiktoken's rule must reach each one
+        for (left, right), result, rank in zip(merges, results, result_ranks, strict=True):
+            if len(result) > 2 and _parts_below(result, ranks, rank) != [left, right]:
+                return "a merge that tiktoken's rule does not reach"
+        return ""
+    expected = []
+    for token, _ in sorted(ranks.items(), key=lambda item: item[1]):
+        splits = [
+            (token[:i], token[i:])
+            for i in range(1, len(token))
+            if token[:i] in ranks and token[i:] in ranks
+        ]
+        splits.sort(key=lambda split: (ranks[split[0]], ranks[split[1]]))
+        expected.extend(splits)
+    if expected != merges:
+        return "merges that are neither one per token nor every split of each token"
+    return ""
+
+
+def _parts_below(piece: bytes, ranks: dict[bytes, int], max_rank: int) -> list[bytes]:
+    """tiktoken's merging of ``piece`` with the tokens ranked below ``max_rank`` only."""
+    parts = [piece[i : i + 1] for i in range(len(piece))]
+    while len(parts) > 1:
+        best, where = max_rank, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1], max_rank)
+            if rank < best:
+                best, where = rank, i
+        if where < 0:
+            break
+        parts[where : where + 2] = [parts[where] + parts[where + 1]]
+    return parts
 
 
 def _normalizer_is_nfc(normalizer: Any) -> bool | None:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from analyzer.chat import ChatRenderer
-from analyzer.errors import BadLine, Skip, StrictModeError
+from analyzer.errors import BadLine, PrefixcheckError, Skip, SkipLog, StrictModeError
+from analyzer.loaders.guard import check_unicode, unexpected
 from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
 from analyzer.token_cache import CacheStats, encode_texts
@@ -26,8 +27,8 @@ class ChunkState:
     """What the chunks of one streamed log share so that they read as one log: namespace ids
     (keyed by model too, as the models are not known in advance) and unknown-token ids."""
 
-    namespace_ids: dict[tuple[str, str, str], int] = field(
-        default_factory=lambda: {("", "", ""): 0}
+    namespace_ids: dict[tuple[str, str, str, str], int] = field(
+        default_factory=lambda: {("", "", "", ""): 0}
     )
     models: set[str] = field(default_factory=set)
     next_unknown: int = -1
@@ -41,7 +42,7 @@ class LogTable:
     """One metadata row per request (input order), and what reading the log found."""
 
     requests: pl.DataFrame
-    skips: list[Skip]
+    skips: SkipLog
     namespace_labels: list[str]  # by namespace id; "" is the default namespace
     from_text: bool
     assumed_stop_finish: int
@@ -71,18 +72,29 @@ def build_workload(
     ``chunk_state`` makes this one chunk of a longer log (None: the records are the whole log).
     """
     progress = progress or NoProgress()
-    skips: list[Skip] = []
+    skips = SkipLog()
     kept: list[Record] = []
     texts: list[str] = []
     text_index: list[int] = []
     specials: list[bool] = []
     for record in records:
-        try:
+        try:  # the one place where a request's rendering errors become its skip
             text, add_special = _prompt_text(record, renderer)
+            if text is not None:
+                check_unicode("rendered prompt", text)
             if record.output_message is not None and text is not None:
                 record.output_text = _answer_text(record, text, renderer)
+                if record.output_text is not None:
+                    check_unicode("answer text", record.output_text)
         except BadLine as exc:
             skip = Skip(record.file, record.line, exc.reason)
+        except PrefixcheckError:
+            raise
+        except Exception as exc:
+            skip = Skip(record.file, record.line, unexpected(exc))
+        else:
+            skip = None
+        if skip is not None:
             if strict:
                 raise StrictModeError(skip) from None
             skips.append(skip)
@@ -104,12 +116,13 @@ def build_workload(
         cache_dir=cache_dir,
         progress=progress,
         stage="tokenizing prompts",
+        context=renderer.fingerprint,
     )
     for i, ids in zip(text_index, encoded, strict=True):
         prompts[i] = ids
 
     state = chunk_state or ChunkState()
-    outputs = _output_tokens(kept, tokenizer, progress, cache_dir, state)
+    outputs, answer_cache = _output_tokens(kept, tokenizer, progress, cache_dir, state)
     final: list[int] = []
     for i, prompt in enumerate(prompts):
         if prompt is None or len(prompt) == 0:
@@ -123,12 +136,15 @@ def build_workload(
     prompt_arrays = [prompts[i] for i in final]
     output_arrays = [outputs[i][0] for i in final]
     namespace, namespace_labels = _namespaces(kept, chunk_state)
-    workload = Workload.from_arrays(
-        prompt_arrays,
-        output_arrays,
-        namespace=namespace,
-        stop_finish=[_is_stop(r.finish_reason) for r in kept],
-        arrival_s=_arrivals(kept),
+    workload = replace(
+        Workload.from_arrays(
+            prompt_arrays,
+            output_arrays,
+            namespace=namespace,
+            stop_finish=[_is_stop(r.finish_reason) for r in kept],
+            arrival_s=_arrivals(kept),
+        ),
+        **_cache_columns(kept),
     )
     requests = pl.DataFrame(
         {
@@ -162,7 +178,7 @@ def build_workload(
         namespace_labels=namespace_labels,
         from_text=bool(texts),
         assumed_stop_finish=sum(r.finish_reason is None for r in kept),
-        token_cache=cache_stats,
+        token_cache=CacheStats.total([cache_stats, answer_cache]),
     )
 
 
@@ -229,8 +245,9 @@ def _output_tokens(
     progress: Progress,
     cache_dir: Path | None,
     state: ChunkState,
-) -> list[tuple[np.ndarray, bool]]:
-    """Each request's generated tokens and whether they are known.
+) -> tuple[list[tuple[np.ndarray, bool]], CacheStats]:
+    """Each request's generated tokens and whether they are known (and the token cache's
+    stats of the answers' texts).
 
     Known answer text is tokenized and, for a stop finish, followed by the end-of-turn token the
     model sampled. A known length without text, or nothing at all (the engine samples at least one
@@ -242,7 +259,7 @@ def _output_tokens(
         else None
     )
     texts = [(i, r.output_text) for i, r in enumerate(records) if r.output_text is not None]
-    ids, _ = encode_texts(
+    ids, stats = encode_texts(
         [text for _, text in texts],
         [False] * len(texts),
         tokenizer,
@@ -269,7 +286,7 @@ def _output_tokens(
         result.append((np.arange(next_unknown, next_unknown - count, -1, dtype=np.int32), False))
         next_unknown -= count
     state.next_unknown = next_unknown
-    return result
+    return result, stats
 
 
 def _is_stop(finish_reason: str | None) -> bool:
@@ -279,7 +296,8 @@ def _is_stop(finish_reason: str | None) -> bool:
 def _namespaces(
     records: Sequence[Record], chunk_state: ChunkState | None
 ) -> tuple[np.ndarray, list[str]]:
-    """One id per distinct (model, cache_salt, LoRA), and its label; none is namespace 0 ("").
+    """One id per distinct (model, cache_salt, LoRA, extra_key), and its label; none is
+    namespace 0 ("").
 
     The model counts when the log holds several: each model is served by its own engine, whose
     cache no other model's request can hit. A chunk of a longer log always keys by model (its
@@ -287,7 +305,7 @@ def _namespaces(
     """
     if chunk_state is None:
         include_model = len({r.model for r in records}) > 1
-        ids: dict[tuple[str, str, str], int] = {("", "", ""): 0}
+        ids: dict[tuple[str, str, str, str], int] = {("", "", "", ""): 0}
     else:
         include_model = True
         ids = chunk_state.namespace_ids
@@ -295,7 +313,12 @@ def _namespaces(
     namespace = np.array(
         [
             ids.setdefault(
-                ((r.model or "") if include_model else "", r.cache_salt or "", r.lora or ""),
+                (
+                    (r.model or "") if include_model else "",
+                    r.cache_salt or "",
+                    r.lora or "",
+                    r.extra_key or "",
+                ),
                 len(ids),
             )
             for r in records
@@ -307,7 +330,9 @@ def _namespaces(
     return namespace, _namespace_labels(ids, several_models=include_model)
 
 
-def _namespace_labels(ids: dict[tuple[str, str, str], int], *, several_models: bool) -> list[str]:
+def _namespace_labels(
+    ids: dict[tuple[str, str, str, str], int], *, several_models: bool
+) -> list[str]:
     return [
         ", ".join(
             part
@@ -315,11 +340,29 @@ def _namespace_labels(ids: dict[tuple[str, str, str], int], *, several_models: b
                 several_models and model and f"model={model}",
                 salt and f"cache_salt={salt}",
                 lora and f"lora={lora}",
+                extra_key and f"extra_key={extra_key}",
             )
             if part
         )
-        for model, salt, lora in ids
+        for model, salt, lora, extra_key in ids
     ]
+
+
+def _cache_columns(records: Sequence[Record]) -> dict[str, np.ndarray | None]:
+    """The Workload columns of the request fields that change what the caches read (priority,
+    vLLM's prompt-logprob skip, SGLang's logprob start); None where no request has one."""
+    priority = [r.priority for r in records]
+    skip = [bool(r.prompt_logprobs) for r in records]
+    limit = [r.logprob_start_len for r in records]
+    return {
+        "priority": None
+        if all(p is None for p in priority)
+        else np.array([p or 0 for p in priority], np.int64),
+        "skip_prefix_lookup": np.array(skip, np.bool_) if any(skip) else None,
+        "hit_limit": None
+        if all(x is None for x in limit)
+        else np.array([-1 if x is None else x for x in limit], np.int64),
+    }
 
 
 def _arrivals(records: Sequence[Record]) -> np.ndarray | None:

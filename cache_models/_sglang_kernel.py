@@ -7,6 +7,13 @@ deletion: every change to a node's key or evictability gives it a new version, a
 carrying the current version counts. The replay stops before a request when node rows or arena room
 run short; the caller grows them and resumes, so memory follows the live tree and the pool, not the
 log. The tree is a handful of arrays because every call passes (and reference-counts) each one.
+
+The server settings follow the reference exactly: each request's ``priority`` goes into every
+insert (``UnifiedRadixCache`` inserts with ``req.priority or 0``, the prompt split with + 1);
+``hit_limit`` caps the match (``Req._compute_max_prefix_len``: ``logprob_start_len`` under
+``return_logprob``); ``overlap`` False (``--disable-overlap-schedule``) makes a stop finish insert
+N-1 outputs; ``tlru`` keeps DEPTH and HISTORY per node (``_set_tlru_lens_and_raise_history``) and
+``slru``/``tlru`` read their ``--radix-eviction-policy-config`` from ``Tree.ints``.
 """
 
 from __future__ import annotations
@@ -19,10 +26,19 @@ from numba import njit
 from cache_models.config import SglangConfig
 from cache_models.workload import Workload
 
-POLICY_CODES = {"lru": 0, "lfu": 1, "fifo": 2, "mru": 3, "filo": 4, "priority": 5, "slru": 6}
-LRU, LFU, FIFO, MRU, FILO, BY_PRIORITY, SLRU = range(7)
+POLICY_CODES = {
+    "lru": 0,
+    "lfu": 1,
+    "fifo": 2,
+    "mru": 3,
+    "filo": 4,
+    "priority": 5,
+    "slru": 6,
+    "tlru": 7,
+}
+LRU, LFU, FIFO, MRU, FILO, BY_PRIORITY, SLRU, TLRU = range(8)
 NO_EVICTION = -1  # an unbounded pool: no eviction heap at all
-SLRU_PROTECTED_HITS = 2
+MAX_PRIORITY = 2**63 - 1
 ANCESTOR_STAMP_STEP = 0.00001
 ROOT = 0
 EMPTY, TOMB = -1, -2
@@ -33,7 +49,8 @@ COUNTERS = ("evicted_tokens", "inserted_tokens", "node_splits", "rejected")
 
 # Columns of Tree.nodes. VERSION is the node's current heap version, -1 for an unused row.
 PARENT, N_CHILDREN, KEY_START, KEY_LEN, NAMESPACE, LOCK_REF, HIT_COUNT, PRIORITY, VERSION = range(9)
-N_NODE_COLUMNS = 9
+DEPTH, HISTORY = 9, 10  # tlru: tokens from the root through the node; the branch's deepest depth
+N_NODE_COLUMNS = 11
 # Columns of Tree.times (SGLang's logical clock).
 LAST_ACCESS, CREATION = 0, 1
 # Columns of Tree.table (the child map) and Tree.heap_refs.
@@ -41,7 +58,8 @@ SLOT_NODE, SLOT_HASH = 0, 1
 ENTRY_NODE, ENTRY_VERSION = 0, 1
 # Slots of Tree.ints.
 FREE_TOP, ARENA_TOP, EVICTABLE, PROTECTED, POOL_FREE, HEAP_SIZE, TABLE_FILL = range(7)
-SPLITS, EVICTED, PASSES, LAST_VERSION, CLOCK, N_INTS = 7, 8, 9, 10, 11, 12
+SPLITS, EVICTED, PASSES, LAST_VERSION, CLOCK = 7, 8, 9, 10, 11
+SLRU_THRESHOLD, TLRU_TAIL, N_INTS = 12, 13, 14  # the policy's parameters
 
 _FNV_OFFSET = -3750763034362895579  # 0xcbf29ce484222325 as int64
 _FNV_PRIME = 1099511628211
@@ -269,7 +287,10 @@ def _eviction_key(t: Tree, n: int, policy: int) -> tuple[float, float]:
     if policy == BY_PRIORITY:
         return float(t.nodes[n, PRIORITY]), lat
     if policy == SLRU:
-        return (1.0 if t.nodes[n, HIT_COUNT] >= SLRU_PROTECTED_HITS else 0.0), lat
+        return (1.0 if t.nodes[n, HIT_COUNT] >= t.ints[SLRU_THRESHOLD] else 0.0), lat
+    if policy == TLRU:  # TLRUStrategy: tail-safe nodes (-1) go first, then LRU
+        budget = max(t.nodes[n, HISTORY] - t.ints[TLRU_TAIL], 0)
+        return (-1.0 if t.nodes[n, DEPTH] - t.nodes[n, KEY_LEN] >= budget else 0.0), lat
     return lat, lat
 
 
@@ -362,6 +383,8 @@ def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
     )
     t.times[new, CREATION] = t.times[child, CREATION]
     t.nodes[new, HIT_COUNT] = t.nodes[child, HIT_COUNT]
+    t.nodes[new, DEPTH] = t.nodes[t.nodes[child, PARENT], DEPTH] + split_len
+    t.nodes[new, HISTORY] = t.nodes[child, HISTORY]
     t.nodes[new, LOCK_REF] = t.nodes[child, LOCK_REF]
     t.nodes[new, N_CHILDREN] = 1
     t.table[slot, SLOT_NODE] = new
@@ -449,6 +472,14 @@ def _insert(
     t.arena[top : top + new_len] = tokens[matched:length]
     t.ints[ARENA_TOP] = top + new_len
     leaf = _new_node(t, node, ns, top, new_len, priority)
+    depth = t.nodes[node, DEPTH] + new_len
+    t.nodes[leaf, DEPTH] = depth
+    t.nodes[leaf, HISTORY] = depth
+    if policy == TLRU:  # raise the branch's high-water mark (only tlru reads it)
+        up = node
+        while up >= 0 and t.nodes[up, HISTORY] < depth:
+            t.nodes[up, HISTORY] = depth
+            up = t.nodes[up, PARENT]
     t.nodes[node, N_CHILDREN] += 1
     _add_child(t, leaf, ps)
     t.ints[EVICTABLE] += new_len
@@ -519,21 +550,24 @@ def _checkpoint(
     node: int,
     protected: int,
     inserted: int,
+    priority: int,
     bounded: bool,
     ps: int,
     policy: int,
 ):
-    """Insert tokens[:up_to], free duplicates, split at the prompt, move the lock."""
+    """Insert tokens[:up_to] with the request's priority, free duplicates, split at the prompt
+    (priority + 1), move the lock."""
     if up_to <= 0:
         return node, protected, inserted, 0
     length = up_to // ps * ps
     last, duplicates, new_tokens = _insert(
-        t, tokens, length, ns, protected, inserted, np.int64(0), ps, policy
+        t, tokens, length, ns, protected, inserted, priority, ps, policy
     )
     _take(t, -duplicates, bounded)
     prompt_pages = prompt_len // ps * ps
     if 0 < prompt_pages < length:
-        _insert(t, tokens, prompt_pages, ns, prompt_pages, prompt_pages, np.int64(1), ps, policy)
+        split = min(priority, MAX_PRIORITY - 1) + 1
+        _insert(t, tokens, prompt_pages, ns, prompt_pages, prompt_pages, split, ps, policy)
     _unlock(t, node, policy)
     _lock(t, last, policy)
     return last, length, max(inserted, length), new_tokens
@@ -587,6 +621,9 @@ def replay_sequential(
     output_offsets: np.ndarray,
     namespace: np.ndarray,
     stop_finish: np.ndarray,
+    priority: np.ndarray,
+    hit_limit: np.ndarray,
+    overlap: bool,
     first: int,
     bounded: bool,
     capacity_pages: int,
@@ -609,7 +646,7 @@ def replay_sequential(
         p0, p1 = prompt_offsets[i], prompt_offsets[i + 1]
         o0, o1 = output_offsets[i], output_offsets[i + 1]
         prompt_len, n_out = p1 - p0, o1 - o0
-        steps = n_out if stop_finish[i] else n_out - 1
+        steps = n_out if stop_finish[i] and overlap else n_out - 1
         final_len = prompt_len + steps
         if bounded and (final_len + ps - 1) // ps > capacity_pages:
             rejected[i] = 1
@@ -625,7 +662,11 @@ def replay_sequential(
             if t.ints[PASSES] % 32 == 0:
                 _match(t, buf, prompt_len, ns, ps, policy)
             t.ints[PASSES] += 1
-        matched, node = _match(t, buf, prompt_len - 1, ns, ps, policy)
+        limit = prompt_len - 1
+        if hit_limit[i] >= 0:
+            limit = min(limit, hit_limit[i])
+        matched, node = _match(t, buf, limit, ns, ps, policy)
+        prio = priority[i]
         hit[i] = matched
         _lock(t, node, policy)
         protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
@@ -643,18 +684,29 @@ def replay_sequential(
             if end >= prompt_len:
                 break
             node, protected, inserted, added = _checkpoint(
-                t, buf, end, prompt_len, ns, node, protected, inserted, bounded, ps, policy
+                t, buf, end, prompt_len, ns, node, protected, inserted, prio, bounded, ps, policy
             )
             new_tokens += added
             start = end
         if steps > 0:
             node, protected, inserted, added = _checkpoint(
-                t, buf, prompt_len, prompt_len, ns, node, protected, inserted, bounded, ps, policy
+                t,
+                buf,
+                prompt_len,
+                prompt_len,
+                ns,
+                node,
+                protected,
+                inserted,
+                prio,
+                bounded,
+                ps,
+                policy,
             )
             new_tokens += added
         _decode(t, prompt_len, steps, bounded, ps, policy)
         node, protected, inserted, added = _checkpoint(
-            t, buf, final_len, prompt_len, ns, node, protected, inserted, bounded, ps, policy
+            t, buf, final_len, prompt_len, ns, node, protected, inserted, prio, bounded, ps, policy
         )
         new_tokens += added
         _take(t, -((final_len + ps - 1) // ps - protected // ps) * ps, bounded)
@@ -695,7 +747,14 @@ def replay(
     if tree is None:
         tree = new_tree(INITIAL_ROWS, max(4 * longest, INITIAL_ARENA), capacity_pages * ps)
     buf = np.zeros(longest, np.int32)
-    inputs = workload.kernel_inputs()
+    tree.ints[SLRU_THRESHOLD] = config.slru_protected_threshold
+    tree.ints[TLRU_TAIL] = config.tlru_threshold - config.tlru_next_prompt_estimate
+    inputs = (
+        *workload.kernel_inputs(),
+        workload.priorities,
+        workload.hit_limits,
+        config.overlap_schedule,
+    )
     refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
     chunk = config.chunked_prefill_size
     first = 0

@@ -52,9 +52,22 @@ def chunk_ends(hit: int, prompt_len: int, chunk: int, page_size: int) -> list[in
         start = end
 
 
-def kv_steps(output_len: int, stop_finish: bool) -> int:
-    """Decode steps that compute KV: all N outputs on a stop (overlap scheduler), else N-1."""
-    return output_len if stop_finish else output_len - 1
+def kv_steps(output_len: int, stop_finish: bool, overlap_schedule: bool = True) -> int:
+    """Decode steps that compute KV: all N outputs on a stop under the overlap scheduler (one more
+    step was in flight: ``Scheduler._reqs_finishing_inflight``), else N-1."""
+    return output_len if stop_finish and overlap_schedule else output_len - 1
+
+
+def match_limit(prompt_len: int, hit_limit: int) -> int:
+    """``Req._compute_max_prefix_len``: L-1, capped by ``logprob_start_len`` (``hit_limit``) for a
+    request with ``return_logprob``."""
+    limit = prompt_len - 1
+    return min(limit, hit_limit) if hit_limit >= 0 else limit
+
+
+def split_priority(priority: int) -> int:
+    """The prompt split's insert priority: +1, saturating at int64's maximum (UnifiedRadixCache)."""
+    return min(priority + 1, 2**63 - 1)
 
 
 def never_fits(prompt_len: int, steps: int, config: SglangConfig) -> bool:
@@ -105,6 +118,7 @@ class Request:
     prompt_len: int
     steps: int  # decode steps that compute KV
     namespace: int
+    priority: int  # the request's priority, stored in the tree on every insert
     hit: int
     node: Node  # the locked end of its tree path
     protected: int
@@ -124,7 +138,12 @@ class ReferenceReplay:
     def __init__(self, config: SglangConfig) -> None:
         self.config = config
         self.page_size = config.page_size
-        self.tree = RadixTree(config.page_size, config.eviction_policy)
+        self.tree = RadixTree(
+            config.page_size,
+            config.eviction_policy,
+            config.slru_protected_threshold,
+            config.tlru_threshold - config.tlru_next_prompt_estimate,
+        )
         self.pool = KvPool(self.tree, config)
         self.refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
         self.scheduling_passes = 0
@@ -134,6 +153,8 @@ class ReferenceReplay:
         self.workload = workload
         self.prompt_lengths = workload.prompt_lengths.tolist()
         self.output_lengths = workload.output_lengths.tolist()
+        self.priorities = workload.priorities.tolist()
+        self.hit_limits = workload.hit_limits.tolist()
         n = workload.n_requests
         self.hit = np.zeros(n, np.int64)
         self.evicted = np.zeros(n, np.int64)
@@ -152,7 +173,8 @@ class ReferenceReplay:
         return np.concatenate([self.workload.prompt(i), self.workload.output(i)])
 
     def _steps(self, i: int) -> int:
-        return kv_steps(self.output_lengths[i], bool(self.workload.stop_finish[i]))
+        stop = bool(self.workload.stop_finish[i])
+        return kv_steps(self.output_lengths[i], stop, self.config.overlap_schedule)
 
     def _reject_if_too_big(self, i: int) -> bool:
         if never_fits(self.prompt_lengths[i], self._steps(i), self.config):
@@ -173,9 +195,11 @@ class ReferenceReplay:
         return int(self.workload.namespace[i])
 
     def match(self, i: int) -> Request:
-        """Match the prompt with limit L-1 and lock the matched path (admission)."""
+        """Match the prompt up to its limit (L-1, or a logprob start) and lock the matched path
+        (admission)."""
         prompt = self.workload.prompt(i)
-        result = self.tree.match(prompt[: len(prompt) - 1], self._ns(i))
+        limit = match_limit(len(prompt), self.hit_limits[i])
+        result = self.tree.match(prompt[:limit], self._ns(i))
         self.tree.lock(result.node)
         self.hit[i] = result.length
         return Request(
@@ -184,6 +208,7 @@ class ReferenceReplay:
             prompt_len=len(prompt),
             steps=self._steps(i),
             namespace=self._ns(i),
+            priority=self.priorities[i],
             hit=result.length,
             node=result.node,
             protected=result.length,
@@ -215,13 +240,21 @@ class ReferenceReplay:
         if up_to <= 0:
             return
         key = self.tree.page_aligned(req.tokens[:up_to])
-        result = self.tree.insert(key, req.namespace, req.protected, req.inserted, priority=0)
+        result = self.tree.insert(
+            key, req.namespace, req.protected, req.inserted, priority=req.priority
+        )
         self.pool.give(result.duplicate_tokens)
         self.inserted[req.index] += result.new_tokens
         req.inserted = max(req.inserted, len(key))
         prompt_len = len(self.tree.page_aligned(req.tokens[: req.prompt_len]))
         if 0 < prompt_len < len(key):  # split at the prompt so the output can go alone
-            self.tree.insert(key[:prompt_len], req.namespace, prompt_len, prompt_len, priority=1)
+            self.tree.insert(
+                key[:prompt_len],
+                req.namespace,
+                prompt_len,
+                prompt_len,
+                priority=split_priority(req.priority),
+            )
         self.tree.unlock(req.node)
         self.tree.lock(result.node)
         req.node = result.node
@@ -291,11 +324,14 @@ class ReferenceReplay:
         pending = deque(range(self.workload.n_requests))
         waiting: deque[int] = deque()
         running: list[Request] = []
-        while pending or waiting or running:
-            while pending and len(running) + len(waiting) < k:
+        self.chunked: Request | None = None  # the request whose prefill continues next pass
+        while pending or waiting or running or self.chunked:
+            in_flight = len(running) + len(waiting) + (self.chunked is not None)
+            while pending and in_flight < k:
                 i = pending.popleft()
                 if not self._reject_if_too_big(i):
                     waiting.append(i)
+                    in_flight += 1
             admitted = self._prefill_pass(waiting, running, k)
             if admitted:
                 continue
@@ -303,20 +339,60 @@ class ReferenceReplay:
                 self._charge(req.index, lambda r=req: self._decode_or_finish(r, running))
 
     def _prefill_pass(self, waiting: deque[int], running: list[Request], k: int) -> bool:
-        """Admit FCFS from the head of the queue; prefill the admitted ones in order."""
-        if not waiting or len(running) >= k:
-            return False
-        self.touch_waiting(list(islice(waiting, WAITING_PREFIX_REFRESH_MAX)))
-        batch: list[Request] = []
-        while waiting and len(running) + len(batch) < k:
-            req = self._admit_charged(waiting[0], running + batch)
-            if req is None:
-                break
-            waiting.popleft()
-            batch.append(req)
-        for req in batch:
-            self._charge(req.index, lambda r=req: self._prefill_and_maybe_finish(r, running))
-        return bool(batch)
+        """One prefill batch (``PrefillAdder``): the chunked request's next chunk, then FCFS
+        admissions from the head of the queue while the batch's token budget lasts (with
+        chunked prefill, ``--chunked-prefill-size`` tokens: the request it runs out on gets a
+        first chunk and continues next pass). Every admitted request matches before any of the
+        batch is prefilled."""
+        chunk = self.config.chunked_prefill_size
+        ps = self.page_size
+        budget = chunk if chunk > 0 else 1 << 62
+        carried = self.chunked
+        if carried is not None:
+            budget -= min(carried.prompt_len - carried.allocated, chunk)
+        batch: list[tuple[Request, int]] = []
+        in_flight = len(running) + (carried is not None)
+        if waiting and in_flight < k and budget > 0:
+            self.touch_waiting(list(islice(waiting, WAITING_PREFIX_REFRESH_MAX)))
+            while waiting and in_flight + len(batch) < k and budget > 0:
+                req = self._admit_charged(waiting[0], running + [r for r, _ in batch])
+                if req is None:
+                    break
+                extend = _ceil_div(req.prompt_len - req.hit, ps) * ps
+                end = req.prompt_len
+                if extend > budget:  # truncated to what the batch has left, in whole pages
+                    end = req.hit + budget // ps * ps
+                    if end <= req.hit:
+                        self.tree.unlock(req.node)
+                        break
+                waiting.popleft()
+                batch.append((req, end))
+                budget -= extend
+                if end < req.prompt_len:
+                    break
+        if carried is not None:
+            end = min(carried.allocated + chunk, carried.prompt_len)
+            self._charge(carried.index, lambda: self._prefill_to(carried, end, running))
+        for req, end in batch:
+            self._charge(req.index, lambda r=req, e=end: self._prefill_to(r, e, running))
+        return carried is not None or bool(batch)
+
+    def _prefill_to(self, req: Request, end: int, running: list[Request]) -> None:
+        """Prefill up to ``end``: a chunk that does not end the prompt is checkpointed and
+        continues next pass; a whole prompt is as in ``_prefill_and_maybe_finish``."""
+        if end < req.prompt_len:
+            self.alloc_extend(req, end)
+            self.checkpoint(req, end)
+            self.chunked = req
+            return
+        if self.chunked is req:
+            self.chunked = None
+        self.alloc_extend(req, end)
+        if req.steps > 0:
+            self.checkpoint(req, req.prompt_len)
+            running.append(req)
+        else:
+            self.release(req)
 
     def _admit_charged(self, i: int, running: list[Request]) -> Request | None:
         result: list[Request | None] = []

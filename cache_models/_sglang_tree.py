@@ -5,6 +5,13 @@ clock (each new node takes two ticks, a split three, a match stamps the matched 
 ancestors with one tick minus 1e-5 per level), page-granular keys, splits on match and insert,
 ``hit_count`` and ``priority`` updates on insert, and eviction of the unlocked leaf with the lowest
 policy key. Nodes hold no slot ids: a node's KV size is the length of its key.
+
+For ``tlru`` each node also keeps UnifiedTreeCore's two lengths
+(``_set_tlru_lens_and_raise_history`` in ``mem_cache/unified_cache/unified_tree_core.py``):
+``depth``, the tokens from the root through the node's end (``_tlru_cached_prefix_len``), and
+``history``, the deepest depth its branch ever reached (``_tlru_history_len``, a high-water mark
+that eviction never lowers). A new leaf raises ``history`` on its ancestors; a split's new parent
+takes its child's ``history``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ class Node:
     __slots__ = (
         "children",
         "creation_time",
+        "depth",
+        "history",
         "hit_count",
         "key",
         "last_access_time",
@@ -48,6 +57,8 @@ class Node:
         self.priority = priority
         self.last_access_time = 0.0
         self.creation_time = 0.0
+        self.depth = 0  # tokens from the root through this node (tlru bookkeeping)
+        self.history = 0  # the branch's deepest depth so far (tlru bookkeeping)
 
 
 @dataclass(frozen=True)
@@ -70,24 +81,47 @@ class InsertResult:
 
 EvictionKey = Callable[[Node], tuple[float, float]]
 
-# Each policy's sort key (evict_policy.py); ties fall back to last_access_time (TreeNode.__lt__).
-EVICTION_KEYS: dict[str, EvictionKey] = {
-    "lru": lambda n: (n.last_access_time, n.last_access_time),
-    "lfu": lambda n: (n.hit_count, n.last_access_time),
-    "fifo": lambda n: (n.creation_time, n.last_access_time),
-    "mru": lambda n: (-n.last_access_time, n.last_access_time),
-    "filo": lambda n: (-n.creation_time, n.last_access_time),
-    "priority": lambda n: (n.priority, n.last_access_time),
-    "slru": lambda n: (float(n.hit_count >= SLRU_PROTECTED_HITS), n.last_access_time),
-}
+
+def eviction_key(
+    policy: str, slru_protected_threshold: int = SLRU_PROTECTED_HITS, tlru_tail_budget: int = 0
+) -> EvictionKey:
+    """Each policy's sort key (``mem_cache/evict_policy.py``); ties fall back to
+    last_access_time (TreeNode.__lt__). ``tlru_tail_budget`` is TLRUStrategy's threshold minus
+    next_prompt_estimate: a node is tail-safe (-1, evicted first) when the tokens above it reach
+    its branch's history minus that budget."""
+    keys: dict[str, EvictionKey] = {
+        "lru": lambda n: (n.last_access_time, n.last_access_time),
+        "lfu": lambda n: (n.hit_count, n.last_access_time),
+        "fifo": lambda n: (n.creation_time, n.last_access_time),
+        "mru": lambda n: (-n.last_access_time, n.last_access_time),
+        "filo": lambda n: (-n.creation_time, n.last_access_time),
+        "priority": lambda n: (n.priority, n.last_access_time),
+        "slru": lambda n: (
+            float(n.hit_count >= slru_protected_threshold),
+            n.last_access_time,
+        ),
+        "tlru": lambda n: (
+            -1.0 if n.depth - n.size >= max(n.history - tlru_tail_budget, 0) else 0.0,
+            n.last_access_time,
+        ),
+    }
+    return keys[policy]
 
 
 class RadixTree:
     """Match, insert, lock and evict with SGLang's rules; sizes in tokens."""
 
-    def __init__(self, page_size: int, eviction_policy: str) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        eviction_policy: str,
+        slru_protected_threshold: int = SLRU_PROTECTED_HITS,
+        tlru_tail_budget: int = 0,
+    ) -> None:
         self.page_size = page_size
-        self.eviction_key = EVICTION_KEYS[eviction_policy]
+        self.eviction_key = eviction_key(
+            eviction_policy, slru_protected_threshold, tlru_tail_budget
+        )
         self.clock = 0.0
         self.root = Node(np.zeros(0, np.int32), 0, None, priority=-(2**63 - 1))
         self.root.lock_ref = 1
@@ -159,6 +193,8 @@ class RadixTree:
         new.creation_time = child.creation_time
         new.hit_count = child.hit_count
         new.lock_ref = child.lock_ref
+        new.depth = parent.depth + split_len  # the child keeps its depth
+        new.history = child.history
         child.key = child.key[split_len:]
         child.size = len(child.key)
         child.parent = new
@@ -213,6 +249,11 @@ class RadixTree:
         if matched == len(tokens):
             return InsertResult(matched, last, duplicates, 0)
         leaf = self._new_node(tokens[matched:].copy(), namespace, last, priority)
+        leaf.depth = leaf.history = last.depth + leaf.size
+        ancestor: Node | None = last
+        while ancestor is not None and ancestor.history < leaf.depth:
+            ancestor.history = leaf.depth
+            ancestor = ancestor.parent
         last.children[self._child_key(namespace, leaf.key)] = leaf
         self.evictable_size += leaf.size
         self._refresh_leaf(leaf)

@@ -317,10 +317,7 @@ def can_allocate(pool: Pool, table: np.ndarray, n_hit: int, n_blocks: int) -> bo
     evictable = 0
     for i in range(n_hit):
         evictable += pool.blocks[table[i], REF_CNT] == 0
-    st = pool.state
-    return (
-        n_blocks - n_hit + evictable <= st[STACK_LEN] + st[LIMIT] + 1 - st[NEXT_FRESH] + st[Q_LEN]
-    )
+    return n_blocks - n_hit + evictable <= free_blocks(pool)
 
 
 @jit
@@ -430,21 +427,39 @@ def _push_uncached(pool: Pool, block: int) -> None:
 
 
 @jit
-def append_slot(pool: Pool, slots: Slots, s: int, block_size: int, tally: np.ndarray) -> bool:
-    """Decode: a slot for the last sampled token; False if that needs a block and none is free
-    (needs ``reserve`` first)."""
+def free_blocks(pool: Pool) -> int:
+    """Blocks that can be taken now: the uncached stack, never-used ids, the cached FIFO."""
+    st = pool.state
+    return st[STACK_LEN] + st[LIMIT] + 1 - st[NEXT_FRESH] + st[Q_LEN]
+
+
+@jit
+def allocate_slots(
+    pool: Pool, slots: Slots, s: int, n_tokens: int, block_size: int, tally: np.ndarray
+) -> tuple[Pool, bool]:
+    """A running request's next chunk (or decode token): slots up to ``n_tokens``, caching its
+    full blocks; False (nothing taken) when the blocks it needs are not all free."""
     info = slots.info[s]
-    n_tokens = info[N_COMPUTED] + 1
-    if (n_tokens + block_size - 1) // block_size > info[N_BLOCKS]:
-        st = pool.state
-        if st[STACK_LEN] == 0 and st[NEXT_FRESH] > st[LIMIT] and st[Q_LEN] == 0:
-            return False
-        add_blocks(pool, slots.tables[s], info[N_BLOCKS], info[N_BLOCKS] + 1, tally, info[REQ])
-        info[N_BLOCKS] += 1
+    need = (n_tokens + block_size - 1) // block_size - info[N_BLOCKS]
+    if need > 0:
+        if need > free_blocks(pool):
+            return pool, False
+        pool = reserve(pool, need)
+        add_blocks(pool, slots.tables[s], info[N_BLOCKS], info[N_BLOCKS] + need, tally, info[REQ])
+        info[N_BLOCKS] += need
     n_full = n_tokens // block_size
     cache_blocks(pool, slots.tables[s], slots.keys[s], info[N_CACHED], n_full, tally, info[REQ])
     info[N_CACHED] = max(info[N_CACHED], n_full)
-    return True
+    return pool, True
+
+
+@jit
+def chunk(remaining: int, threshold: int, budget_left: int) -> int:
+    """Scheduler.schedule's tokens for one request: capped by a positive threshold
+    (--long-prefill-token-threshold), then by the step's budget left."""
+    if 0 < threshold < remaining:
+        remaining = threshold
+    return min(remaining, budget_left)
 
 
 # ------------------------------------------------------------------------------------ replays
@@ -459,17 +474,29 @@ def replay_lock_step(
     o_off: np.ndarray,
     namespace: np.ndarray,
     runnable: np.ndarray,
+    skip: np.ndarray,
     block_size: int,
     max_in_flight: int,
     width: int,
     tally: np.ndarray,
+    budget: int,
+    threshold: int,
 ) -> Pool:
-    """vLLM's scheduler loop in lock-step (see ``vllm_apc``): decode first, preempting the newest
-    running request when blocks run out; FCFS admission in steps without a preemption."""
+    """vLLM's Scheduler.schedule step by step (see ``vllm_apc``): the running requests' next
+    chunks or decode tokens first, preempting the newest running request when blocks run out;
+    FCFS admission of first chunks in steps without a preemption, while budget is left.
+
+    ``budget`` is ``--max-num-batched-tokens`` (vLLM's default is the GPU's, ``NO_BUDGET`` for
+    none), ``threshold`` ``--long-prefill-token-threshold`` (default 0, off; applied only while
+    more than one request runs or waits), ``skip`` the requests with ``prompt_logprobs``
+    (``skip_reading_prefix_cache``: no lookup)."""
     n = len(runnable)
     prompt_len = p_off[1:] - p_off[:-1]
     n_out = o_off[1:] - o_off[:-1]
     num_tokens = prompt_len.copy()  # prompt + generated so far, per request
+    runnable_from = np.zeros(n + 1, np.int64)  # runnable requests at index >= i
+    for i in range(n - 1, -1, -1):
+        runnable_from[i] = runnable_from[i + 1] + runnable[i]
     max_rows = max(1, min(max_in_flight, n))
     slots = new_slots(max_rows, width)
     head_keys = np.zeros(width, np.int64)  # keys of the waiting head, kept while it waits
@@ -485,13 +512,19 @@ def replay_lock_step(
             next_new += 1
         if n_running == 0 and n_preempted == 0 and next_new == n:
             return pool
+        step_threshold = threshold
+        if n_running + n_preempted + runnable_from[next_new] <= 1:
+            step_threshold = 0
+        left = budget
         n_scheduled = 0
         preempted = False
-        pool = reserve(pool, n_running)
         i = 0
-        while i < n_running:
+        while i < n_running and left > 0:
             s = running[i]
-            ok = append_slot(pool, slots, s, block_size, tally)
+            r = slots.info[s, REQ]
+            n_new = chunk(num_tokens[r] - slots.info[s, N_COMPUTED], step_threshold, left)
+            n_to = slots.info[s, N_COMPUTED] + n_new
+            pool, ok = allocate_slots(pool, slots, s, n_to, block_size, tally)
             while not ok:  # preempt the newest running request, maybe s itself
                 n_running -= 1
                 victim = running[n_running]
@@ -502,14 +535,15 @@ def replay_lock_step(
                 preempted = True
                 if victim == s:
                     break
-                ok = append_slot(pool, slots, s, block_size, tally)
+                pool, ok = allocate_slots(pool, slots, s, n_to, block_size, tally)
             if not ok:
                 break
-            slots.info[s, N_COMPUTED] += 1
+            slots.info[s, N_COMPUTED] = n_to
+            left -= n_new
             scheduled[n_scheduled] = s
             n_scheduled += 1
             i += 1
-        while not preempted and n_running < max_in_flight:
+        while not preempted and n_running < max_in_flight and left > 0:
             while next_new < n and not runnable[next_new]:
                 next_new += 1
             if n_preempted:
@@ -523,10 +557,14 @@ def replay_lock_step(
                 head_req = r
             slots, s = next_slot(slots)
             table = slots.tables[s]
-            n_hit = lookup(pool, head_keys, (num_tokens[r] - 1) // block_size, table)
+            n_hit = 0
+            if not skip[r]:
+                n_hit = lookup(pool, head_keys, (num_tokens[r] - 1) // block_size, table)
             n_blocks = (num_tokens[r] + block_size - 1) // block_size
             if not can_allocate(pool, table, n_hit, n_blocks):
                 break
+            n_new = chunk(num_tokens[r] - n_hit * block_size, step_threshold, left)
+            n_to = n_hit * block_size + n_new
             if n_preempted:
                 n_preempted -= 1
             else:
@@ -534,21 +572,24 @@ def replay_lock_step(
             slots.n_free[0] -= 1
             for j in range(width):
                 slots.keys[s, j] = head_keys[j]
-            pool = allocate(pool, table, head_keys, n_hit, num_tokens[r], block_size, tally, r)
+            pool = allocate(pool, table, head_keys, n_hit, n_to, block_size, tally, r)
             slots.info[s, REQ] = r
-            slots.info[s, N_BLOCKS] = n_blocks
-            slots.info[s, N_CACHED] = max(n_hit, num_tokens[r] // block_size)
-            slots.info[s, N_COMPUTED] = num_tokens[r]
+            slots.info[s, N_BLOCKS] = (n_to + block_size - 1) // block_size
+            slots.info[s, N_CACHED] = max(n_hit, n_to // block_size)
+            slots.info[s, N_COMPUTED] = n_to
             tally[HIT if tally[PREEMPTIONS, r] == 0 else REHIT, r] += n_hit * block_size
+            left -= n_new
             running[n_running] = s
             n_running += 1
             scheduled[n_scheduled] = s
             n_scheduled += 1
         if n_scheduled == 0:
             raise RuntimeError("no request could be scheduled")  # unreachable: peaks fit
-        for j in range(n_scheduled):  # the model samples one token per scheduled request
+        for j in range(n_scheduled):  # update_from_output: a token per finished prefill
             s = scheduled[j]
             r = slots.info[s, REQ]
+            if slots.info[s, N_COMPUTED] < num_tokens[r]:
+                continue  # a partial prefill chunk samples nothing
             num_tokens[r] += 1
             if num_tokens[r] - prompt_len[r] == n_out[r]:
                 k = 0
@@ -569,6 +610,7 @@ def replay_in_time(
     o_off: np.ndarray,
     namespace: np.ndarray,
     runnable: np.ndarray,
+    skip: np.ndarray,
     block_size: int,
     max_in_flight: int,
     width: int,
@@ -616,7 +658,9 @@ def replay_in_time(
             peak = (peak_tokens + block_size - 1) // block_size
             slots, s = next_slot(slots)
             table = slots.tables[s]
-            n_hit = lookup(pool, head_keys, (prompt_len - 1) // block_size, table)
+            n_hit = 0
+            if not skip[r]:
+                n_hit = lookup(pool, head_keys, (prompt_len - 1) // block_size, table)
             if not can_allocate(pool, table, n_hit, peak):
                 break
             waiting += 1

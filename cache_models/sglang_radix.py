@@ -5,10 +5,17 @@ does for one request after another (checked against the oracle that runs it): ma
 L-1 in whole pages, splits, locks, the allocator's eviction triggers (page size 1; paged prefill's
 one extra page per request; decode's ``check_decode_mem`` and paged decode's page demand even
 mid-page), chunked prefill with a checkpoint per chunk, the insert on release (all N outputs after
-a stop under the overlap scheduler, N-1 after ``max_tokens``), the prompt/output split, eviction
-under every policy, the waiting-prefix LRU refresh on every 32nd scheduling pass, namespaces.
+a stop under the overlap scheduler, N-1 after ``max_tokens`` or with ``overlap_schedule`` off:
+``--disable-overlap-schedule``), the prompt/output split, each request's ``priority`` on every
+insert (+1 on the prompt split), eviction under every policy (``tlru`` and ``slru`` with their
+``--radix-eviction-policy-config``), the match capped at ``logprob_start_len``
+(``Workload.hit_limit``), the waiting-prefix LRU refresh on every 32nd scheduling pass,
+namespaces.
 
-SGLang has no oracle for concurrency; ``max_in_flight=K > 1`` or a ``time_model`` replays a model:
+``max_in_flight=K > 1`` or a ``time_model`` replays a model, checked against SGLang 0.5.23's own
+``Scheduler`` event loop (``tests/golden/sglang_scheduler/driver.py``; without the overlap
+scheduler it is exact at 2 and 8 in flight with an unbounded pool, with chunked prefill in flight,
+and at 2 with a tight one; not with a tight pool and many in flight, nor the overlap scheduler):
 
 - FCFS admission. Each scheduling pass (an instant when requests wait and a slot is free) counts
   for the waiting-prefix refresh, which touches up to 128 waiting prompts, the head last.
@@ -21,7 +28,10 @@ SGLang has no oracle for concurrency; ``max_in_flight=K > 1`` or a ``time_model`
 - Without a time model the replay is a closed loop of K clients: a request arrives when one
   finishes, so the queue holds at most K - running. Each iteration is either a prefill pass (match
   and lock every admitted request first, then prefill them in order: requests admitted together
-  do not see each other's prompts) or one decode step of every running request, in order.
+  do not see each other's prompts) or one decode step of every running request, in order. With
+  chunked prefill a pass is ``PrefillAdder``'s batch: ``chunked_prefill_size`` tokens, first the
+  chunked request's next chunk, then new requests; the one the budget runs out on gets a first
+  chunk (whole pages) and continues in the next pass, before any decode step.
 - With a time model requests arrive at ``arrival_s`` and run independently (no batching slowdown):
   prefill chunks take their uncached tokens / ``prefill_tokens_per_s`` (allocated when a chunk
   starts, checkpointed when it ends), then output j's KV is allocated at prefill end + j decode

@@ -12,15 +12,24 @@ Replay modes, chosen by the config:
 - **Sequential** (``max_in_flight == 1``, no ``time_model``): each request is admitted once the
   previous one has finished. Only this mode streams: ``session()`` keeps the cache between the
   chunks of a log, whose results are the rows of replaying the whole log at once.
-- **Lock-step** (``max_in_flight = K > 1``, no ``time_model``): vLLM's scheduler loop as the
-  oracle's manager engine drives it. Each step the running requests decode one token each, in
-  order; a decode that finds no free block preempts the newest running request (its blocks are
-  freed, it goes back to the head of the queue) and no request is admitted in that step. Otherwise
-  waiting requests are admitted FCFS (lookup, capacity gate, whole-prompt prefill) while fewer than
-  K run; the first one that does not fit stops admission. Blocks are hittable from the step that
-  schedules them. Finished requests are freed at the end of the step. A preempted request is looked
-  up again on re-admission (prompt plus generated tokens); its first hit is the one reported, later
-  ones go to ``rehit_tokens``.
+- **Lock-step** (``max_in_flight = K > 1``, no ``time_model``): vLLM's ``Scheduler.schedule`` /
+  ``update_from_output`` loop (``v1/core/sched/scheduler.py``) with every request waiting from the
+  start, as the oracle's ``--engine scheduler`` drives it. Each step has a token budget
+  (``max_num_batched_tokens``, vLLM's ``--max-num-batched-tokens``; None: unlimited). The running
+  requests come first, in order, while budget is left: each gets its remaining tokens (the rest of
+  its prompt, or one decode token), capped by ``long_prefill_token_threshold`` (vLLM's
+  ``--long-prefill-token-threshold``, default 0 = off; applied only while more than one request is
+  running or waiting) and by the budget left. A chunk that finds too few free blocks preempts the
+  newest running request (its blocks are freed, it goes back to the head of the queue), and no
+  request is admitted in that step. Otherwise waiting requests are admitted FCFS while fewer than
+  K run and budget is left: lookup, the capacity gate on the whole prompt
+  (``scheduler_reserve_full_isl``), then slots for the first chunk only; the first one that does
+  not fit stops admission. Blocks are hittable from the step that schedules them, so a request
+  admitted while a sibling is mid-prefill sees only the sibling's chunks so far. A request samples
+  a token in a step that completes its prefill or decodes; finished requests are freed at the end
+  of the step. A preempted request is looked up again on re-admission (prompt plus generated
+  tokens); its first hit is the one reported, later ones go to ``rehit_tokens``. vLLM 0.33 has no
+  ``--max-num-partial-prefills`` (that was the V0 engine's): any number of prefills share a step.
 - **Arrival time** (``time_model`` set; needs ``Workload.arrival_s``): request i arrives at
   ``arrival_s[i]`` (made non-decreasing, so no request overtakes an earlier one). Events are
   taken in time order; at each instant the requests finishing then are freed first (by finish
@@ -34,7 +43,12 @@ Replay modes, chosen by the config:
   With arrivals far apart, or one request in flight, this is exactly the sequential replay.
 
 A request whose peak KV exceeds the capacity even in an empty cache never runs (vLLM refuses it):
-hit 0, nothing cached, ``rejected`` = 1, not counted in the metrics.
+hit 0, nothing cached, ``rejected`` = 1, not counted in the metrics. A request with
+``Workload.skip_prefix_lookup`` (vLLM: ``prompt_logprobs`` set, so ``SamplingParams`` sets
+``skip_reading_prefix_cache``) hits 0 and is not counted in the metrics, but caches its blocks.
+The token budget applies to the lock-step mode; the sequential replay is the same with or without
+one (a lone request's chunks take the same blocks in the same order), and the arrival-time mode
+schedules each request whole.
 
 Two implementations give identical results: the numba kernel (``engine="fast"``, the default, in
 ``_vllm_kernel``) and the plain Python reference below (``engine="reference"``), which reads like
@@ -129,13 +143,14 @@ def _result(
     hit_tokens: np.ndarray,
     counters: dict[str, np.ndarray],
     block_size: int,
-    prompt_lengths: np.ndarray,
+    workload: Workload,
 ) -> ReplayResult:
-    """Assemble the result; metrics count first admissions only, as vLLM's exported counters do."""
+    """Assemble the result; metrics count first admissions only, as vLLM's exported counters do,
+    and not requests that skipped the lookup (``KVCacheManager.record_prefix_cache_stats``)."""
     counters["evicted_tokens"] = counters["evicted_blocks"] * block_size
-    admitted = counters["rejected"] == 0
+    counted = (counters["rejected"] == 0) & ~workload.skips_lookup
     metrics = {
-        "vllm:prefix_cache_queries": int(prompt_lengths[admitted].sum()),
+        "vllm:prefix_cache_queries": int(workload.prompt_lengths[counted].sum()),
         "vllm:prefix_cache_hits": int(hit_tokens.sum()),
         "vllm:num_preemptions": int(counters["preemptions"].sum()),
     }
@@ -160,6 +175,7 @@ def _replay_fast(
         np.ascontiguousarray(workload.output_offsets, np.int64),
         np.ascontiguousarray(workload.namespace, np.int32),
         runnable,
+        workload.skips_lookup,
         size,
         config.max_in_flight,
         max(1, int(peaks[runnable].max(initial=0))),
@@ -174,7 +190,8 @@ def _replay_fast(
     elif config.max_in_flight == 1:
         pool = kernel.replay_in_time(pool, *args, np.zeros(workload.n_requests), 1.0, 1.0)
     else:
-        pool = kernel.replay_lock_step(pool, *args)
+        budget = config.max_num_batched_tokens or NO_BUDGET
+        pool = kernel.replay_lock_step(pool, *args, budget, config.long_prefill_token_threshold)
     counters = {
         "evicted_blocks": tally[kernel.EVICTED],
         "inserted_blocks": tally[kernel.INSERTED],
@@ -183,7 +200,7 @@ def _replay_fast(
         "rehit_tokens": tally[kernel.REHIT],
         "rejected": (~runnable).astype(np.int64),
     }
-    return _result(tally[kernel.HIT], counters, size, workload.prompt_lengths), pool
+    return _result(tally[kernel.HIT], counters, size, workload), pool
 
 
 # --------------------------------------------------------------------------------------------------
@@ -329,6 +346,23 @@ class BlockKeys:
         return keys
 
 
+NO_BUDGET = 1 << 62  # max_num_batched_tokens None: no per-step token budget
+
+
+@dataclass
+class Budget:
+    """What is left of one step's token budget (Scheduler.schedule's ``token_budget``)."""
+
+    left: int
+
+    def chunk(self, remaining: int, threshold: int) -> int:
+        """The tokens a request gets now: its remaining ones, capped by a positive threshold
+        (--long-prefill-token-threshold) and by the budget left."""
+        if 0 < threshold < remaining:
+            remaining = threshold
+        return min(remaining, self.left)
+
+
 @dataclass(eq=False)
 class Request:
     """A request as the scheduler sees it."""
@@ -383,10 +417,15 @@ class KVCacheManager:
 
     def append_slot(self, req: Request) -> bool:
         """Decode: a slot for the last sampled token; False if it needs a block and none is free."""
-        num_tokens = req.num_computed + 1
-        if math.ceil(num_tokens / self.block_size) > len(req.blocks):
-            if self.pool.num_free == 0:
-                return False
+        return self.allocate_slots(req, req.num_computed + 1)
+
+    def allocate_slots(self, req: Request, num_tokens: int) -> bool:
+        """A running request's next chunk: slots up to ``num_tokens``, caching its full blocks;
+        False (nothing taken) when the blocks it needs are not all free."""
+        num_new = math.ceil(num_tokens / self.block_size) - len(req.blocks)
+        if num_new > self.pool.num_free:
+            return False
+        if num_new > 0:
             self._add_blocks(req, num_tokens)
         self.cache_blocks(req, num_tokens)
         return True
@@ -433,6 +472,7 @@ class ReferenceReplay:
         if self.usable is not None:
             self.counters["rejected"][:] = peaks > self.usable
         self.hit_tokens = np.zeros(n, np.int64)
+        self.skip_lookup = workload.skips_lookup
         self.kv.counters = self.counters
         requests: list[Request] = []
         for i in range(n):
@@ -452,11 +492,11 @@ class ReferenceReplay:
             self._replay_in_time(requests, arrival, config.time_model)
         else:
             self._replay_lock_step([r for r in requests if not self.counters["rejected"][r.index]])
-        return _result(self.hit_tokens, self.counters, size, workload.prompt_lengths)
+        return _result(self.hit_tokens, self.counters, size, workload)
 
     def _admit(self, req: Request, must_fit_tokens: int) -> int | None:
         """Lookup and allocation for a waiting request: the hit in tokens, None if it must wait."""
-        hit = self.kv.get_computed_blocks(req)
+        hit = [] if self.skip_lookup[req.index] else self.kv.get_computed_blocks(req)
         if not self.kv.can_allocate(hit, must_fit_tokens):
             return None
         self.kv.allocate(req, hit, req.num_tokens)
@@ -469,37 +509,66 @@ class ReferenceReplay:
         return hit_tokens
 
     def _replay_lock_step(self, requests: list[Request]) -> None:
-        max_in_flight = self.config.max_in_flight
+        """vLLM's ``Scheduler.schedule`` then ``update_from_output``, step by step, with every
+        request waiting from the start (the oracle's ``--engine scheduler``)."""
+        config = self.config
+        step_budget = config.max_num_batched_tokens or NO_BUDGET
         waiting = deque(requests)
         running: list[Request] = []
         while waiting or running:
-            scheduled, preempted = self._schedule_running(running, waiting)
+            # Scheduler.schedule: the threshold only applies while another request is eligible.
+            threshold = config.long_prefill_token_threshold
+            if len(running) + len(waiting) <= 1:
+                threshold = 0
+            budget = Budget(step_budget)
+            scheduled, preempted = self._schedule_running(running, waiting, budget, threshold)
             if not preempted:
-                while waiting and len(running) < max_in_flight:
+                while waiting and budget.left > 0 and len(running) < config.max_in_flight:
                     req = waiting[0]
-                    if self._admit(req, req.num_tokens) is None:
+                    if not self._admit_chunk(req, budget, threshold):
                         break
                     waiting.popleft()
                     running.append(req)
                     scheduled.append(req)
             if not scheduled:
                 raise RuntimeError("no request could be scheduled")  # unreachable: peaks fit
-            for req in scheduled:  # the model samples one token per scheduled request
+            for req in scheduled:  # update_from_output: a token for each finished prefill
+                if req.num_computed < req.num_tokens:
+                    continue  # a partial prefill chunk samples nothing
                 req.num_tokens += 1
                 if req.num_tokens - req.prompt_len == req.max_tokens:
                     running.remove(req)
                     self.kv.free(req)
 
+    def _admit_chunk(self, req: Request, budget: Budget, threshold: int) -> bool:
+        """The waiting loop's body for the queue's head: lookup (skipped for prompt-logprob
+        requests), the full-sequence gate, then slots for the first chunk only."""
+        hit = [] if self.skip_lookup[req.index] else self.kv.get_computed_blocks(req)
+        hit_tokens = len(hit) * self.kv.block_size
+        n_new = budget.chunk(req.num_tokens - hit_tokens, threshold)
+        if not self.kv.can_allocate(hit, req.num_tokens):
+            return False
+        self.kv.allocate(req, hit, hit_tokens + n_new)
+        req.num_computed = hit_tokens + n_new
+        budget.left -= n_new
+        if req.num_preemptions == 0:
+            self.hit_tokens[req.index] = hit_tokens
+        else:
+            self.counters["rehit_tokens"][req.index] += hit_tokens
+        return True
+
     def _schedule_running(
-        self, running: list[Request], waiting: deque[Request]
+        self, running: list[Request], waiting: deque[Request], budget: Budget, threshold: int
     ) -> tuple[list[Request], bool]:
-        """Decode one token for each running request, preempting the newest when blocks run out."""
+        """The running loop: the next chunk (or decode token) of each running request in order
+        while budget is left, preempting the newest when blocks run out."""
         scheduled: list[Request] = []
         preempted = False
         i = 0
-        while i < len(running):
+        while i < len(running) and budget.left > 0:
             req = running[i]
-            while not self.kv.append_slot(req):
+            n_new = budget.chunk(req.num_tokens - req.num_computed, threshold)
+            while not self.kv.allocate_slots(req, req.num_computed + n_new):
                 victim = running.pop()
                 self.kv.free(victim)
                 victim.num_computed = 0
@@ -509,7 +578,8 @@ class ReferenceReplay:
                 preempted = True
                 if victim is req:
                     return scheduled, preempted
-            req.num_computed += 1
+            req.num_computed += n_new
+            budget.left -= n_new
             scheduled.append(req)
             i += 1
         return scheduled, preempted

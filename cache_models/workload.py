@@ -24,6 +24,12 @@ class Workload:
     - ``stop_finish`` is True when the request ended on a stop token / EOS and False when it hit
       ``max_tokens`` (SGLang's overlap scheduler caches one more output token on a stop).
     - ``arrival_s`` is the arrival time in seconds (None when the log has no timestamps).
+    - ``priority`` is SGLang's request ``priority`` (stored in the radix tree; decides eviction
+      under ``--radix-eviction-policy priority``). None: every request has priority 0.
+    - ``skip_prefix_lookup`` is True for requests that vLLM serves without reading its prefix
+      cache (``prompt_logprobs`` set: ``SamplingParams.skip_reading_prefix_cache``). None: none.
+    - ``hit_limit`` caps the prompt tokens an SGLang lookup may match (``logprob_start_len`` of a
+      request with ``return_logprob``: ``Req._compute_max_prefix_len``); -1 or None: no cap.
     """
 
     prompt_tokens: np.ndarray
@@ -33,6 +39,9 @@ class Workload:
     namespace: np.ndarray
     stop_finish: np.ndarray
     arrival_s: np.ndarray | None = None
+    priority: np.ndarray | None = None
+    skip_prefix_lookup: np.ndarray | None = None
+    hit_limit: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_offsets) - 1
@@ -42,6 +51,10 @@ class Workload:
             raise ValueError("namespace and stop_finish need one entry per request")
         if self.arrival_s is not None and len(self.arrival_s) != n:
             raise ValueError("arrival_s needs one entry per request")
+        for name in ("priority", "skip_prefix_lookup", "hit_limit"):
+            column = getattr(self, name)
+            if column is not None and len(column) != n:
+                raise ValueError(f"{name} needs one entry per request")
         if n and (np.diff(self.prompt_offsets).min() < 1 or np.diff(self.output_offsets).min() < 1):
             raise ValueError("every request needs at least one prompt token and one output token")
 
@@ -72,6 +85,27 @@ class Workload:
             np.ascontiguousarray(self.stop_finish, np.bool_),
         )
 
+    @property
+    def priorities(self) -> np.ndarray:
+        """Each request's priority as int64 (0 where the log gives none)."""
+        if self.priority is None:
+            return np.zeros(self.n_requests, np.int64)
+        return np.ascontiguousarray(self.priority, np.int64)
+
+    @property
+    def skips_lookup(self) -> np.ndarray:
+        """Per request: True when vLLM skips its prefix lookup (bool)."""
+        if self.skip_prefix_lookup is None:
+            return np.zeros(self.n_requests, np.bool_)
+        return np.ascontiguousarray(self.skip_prefix_lookup, np.bool_)
+
+    @property
+    def hit_limits(self) -> np.ndarray:
+        """Per request: the most prompt tokens a lookup may match, -1 for no cap (int64)."""
+        if self.hit_limit is None:
+            return np.full(self.n_requests, -1, np.int64)
+        return np.ascontiguousarray(self.hit_limit, np.int64)
+
     def prompt(self, i: int) -> np.ndarray:
         return self.prompt_tokens[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
 
@@ -94,6 +128,11 @@ class Workload:
             arrival_s=None
             if self.arrival_s is None
             else np.asarray(self.arrival_s[indices], np.float64),
+            priority=None if self.priority is None else self.priority[indices],
+            skip_prefix_lookup=None
+            if self.skip_prefix_lookup is None
+            else self.skip_prefix_lookup[indices],
+            hit_limit=None if self.hit_limit is None else self.hit_limit[indices],
         )
 
     @classmethod

@@ -12,7 +12,6 @@ from analyzer.errors import PrefixcheckError
 
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 def fail(errors: Console, message: str) -> NoReturn:

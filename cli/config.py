@@ -7,6 +7,7 @@ flag names, with dashes or underscores.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,24 @@ def find_config(start: Path) -> Path | None:
     if (start / CONFIG_FILE).is_file():
         return start / CONFIG_FILE
     pyproject = start / "pyproject.toml"
-    if pyproject.is_file() and "prefixcheck" in _read(pyproject).get("tool", {}):
+    if pyproject.is_file() and _names_prefixcheck(pyproject):
         return pyproject
     return None
+
+
+def _names_prefixcheck(pyproject: Path) -> bool:
+    """Whether a pyproject.toml has a [tool.prefixcheck] table. Another project's broken file
+    is not ours to judge: invalid TOML is an error only when it mentions that table."""
+    try:
+        return "prefixcheck" in _read(pyproject).get("tool", {})
+    except PrefixcheckError:
+        try:
+            text = pyproject.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        if re.search(r"^\s*\[\s*tool\s*\.\s*prefixcheck\b|^\s*prefixcheck\s*[.=]", text, re.M):
+            raise
+        return False
 
 
 def default_map(path: Path, commands: dict[str, Any]) -> dict[str, dict[str, Any]]:

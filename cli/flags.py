@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import os
 import typing
 from collections.abc import Callable
@@ -31,7 +32,14 @@ from analyzer.ingest import IngestOptions
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS, preset
 from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS
 from analyzer.replay import ReplaySettings
-from cache_models.config import SGLANG_EVICTION_POLICIES, SglangEvictionPolicy, TimeModel
+from cache_models.config import SGLANG_SERVER_EVICTION_POLICIES, SglangEvictionPolicy, TimeModel
+from cache_models.defaults import (
+    DEFAULT_GPU,
+    VllmEntryPoint,
+    parse_gpu,
+    sglang_chunked_prefill_size,
+    vllm_max_num_batched_tokens,
+)
 from cli.common import fail
 from cli.fleet_flags import FleetFlags
 from cli.inputs import (
@@ -112,8 +120,27 @@ class CacheFlags:
     ] = None
     eviction_policy: Annotated[
         SglangEvictionPolicy,
-        typer.Option(help=f"SGLang policy: {', '.join(SGLANG_EVICTION_POLICIES)}."),
+        typer.Option(
+            help=f"SGLang --radix-eviction-policy: {', '.join(SGLANG_SERVER_EVICTION_POLICIES)} "
+            "(tlru needs --radix-eviction-policy-config); fifo, mru and filo are what-ifs only, "
+            "not options SGLang's server accepts."
+        ),
     ] = "lru"
+    radix_eviction_policy_config: Annotated[
+        str | None,
+        typer.Option(
+            help='SGLang --radix-eviction-policy-config, JSON: slru {"protected_threshold": P} '
+            '(default 2); tlru {"threshold": T, "next_prompt_estimate": Q} (tokens, T > Q).'
+        ),
+    ] = None
+    policy_params: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "policy_params",
+            eviction_policy_params(self.eviction_policy, self.radix_eviction_policy_config),
+        )
 
     def settings(self, scheduler: SchedulerFlags | None = None) -> ReplaySettings:
         """The replay settings of these flags (and the scheduler's), checked as the engines
@@ -123,23 +150,103 @@ class CacheFlags:
             page_size=self.page_size,
             capacity_tokens=self.capacity_tokens,
             eviction_policy=self.eviction_policy,
+            **self.policy_params,
             **(scheduler.settings() if scheduler else {}),
         )
         try:
             settings.vllm(), settings.sglang()
         except ValueError as exc:
-            raise PrefixcheckError(f"--capacity-tokens {self.capacity_tokens}: {exc}") from None
+            raise PrefixcheckError(f"engine flags: {exc}") from None
         return settings
+
+
+# What --radix-eviction-policy-config passes to each policy (SGLang's keyword arguments) and the
+# ReplaySettings field each one sets.
+POLICY_CONFIG_KEYS = {
+    "slru": {"protected_threshold": "slru_protected_threshold"},
+    "tlru": {"threshold": "tlru_threshold", "next_prompt_estimate": "tlru_next_prompt_estimate"},
+}
+
+
+def eviction_policy_params(policy: str, config: str | None) -> dict[str, int]:
+    """The ReplaySettings fields of ``--radix-eviction-policy-config`` for ``policy``, checked as
+    SGLang checks them at start-up (an unknown key, a non-integer, tlru without T > Q >= 0)."""
+    if config is None:
+        if policy == "tlru":
+            raise PrefixcheckError(
+                "--eviction-policy tlru needs --radix-eviction-policy-config "
+                '\'{"threshold": T, "next_prompt_estimate": Q}\' (SGLang refuses it without)'
+            )
+        return {}
+    try:
+        values = json.loads(config)
+    except json.JSONDecodeError as exc:
+        raise PrefixcheckError(f"--radix-eviction-policy-config: not JSON ({exc})") from None
+    if not isinstance(values, dict):
+        raise PrefixcheckError("--radix-eviction-policy-config: must be a JSON object")
+    keys = POLICY_CONFIG_KEYS.get(policy, {})
+    params = {}
+    for key, value in values.items():
+        if key not in keys:
+            known = ", ".join(keys) or "none"
+            raise PrefixcheckError(
+                f"--radix-eviction-policy-config: {policy} takes no {key!r} (it takes: {known})"
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PrefixcheckError(
+                f"--radix-eviction-policy-config: {key} must be a non-negative integer"
+            )
+        params[keys[key]] = value
+    if policy == "tlru" and not params.get("tlru_threshold", 0) > params.get(
+        "tlru_next_prompt_estimate", 0
+    ):
+        raise PrefixcheckError(
+            "--radix-eviction-policy-config: tlru needs threshold > next_prompt_estimate"
+        )
+    return params
 
 
 @dataclass(frozen=True)
 class SchedulerFlags:
-    """How requests overlap in the replay (analyze)."""
+    """How requests overlap in the replay, and the engines' scheduler flags (analyze)."""
 
-    chunked_prefill_size: Annotated[
-        int,
-        typer.Option(min=0, help="SGLang --chunked-prefill-size (0: off); changes eviction units."),
+    gpu: Annotated[
+        str,
+        typer.Option(
+            help="The GPU the servers run on, a name (H100, A100-40GB, H200, B200, L4, ...) or "
+            "a memory size (80GB): picks the engines' GPU-dependent defaults.",
+        ),
+    ] = DEFAULT_GPU
+    vllm_entry_point: Annotated[
+        VllmEntryPoint,
+        typer.Option(help="vLLM's entry point (its default token budget depends on it)."),
+    ] = "server"
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="vLLM --max-num-batched-tokens: tokens scheduled per step with requests in "
+            "flight (default: vLLM's for --gpu and --vllm-entry-point).",
+        ),
+    ] = None
+    long_prefill_token_threshold: Annotated[
+        int, typer.Option(min=0, help="vLLM --long-prefill-token-threshold (0: off).")
     ] = 0
+    chunked_prefill_size: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="SGLang --chunked-prefill-size (0: off; default: SGLang's for --gpu); chunk "
+            "ends become eviction units.",
+        ),
+    ] = None
+    disable_overlap_schedule: Annotated[
+        bool,
+        typer.Option(
+            help="SGLang --disable-overlap-schedule: a stop finish caches all outputs but the "
+            "last, as a max_tokens finish does."
+        ),
+    ] = False
     concurrency: Annotated[
         int | None,
         typer.Option(
@@ -162,12 +269,45 @@ class SchedulerFlags:
         float, typer.Option(min=0.001, help="Time model: output tokens per second per request.")
     ] = TimeModel.decode_tokens_per_s
 
+    def __post_init__(self) -> None:
+        try:
+            parse_gpu(self.gpu)
+        except ValueError as exc:
+            raise PrefixcheckError(f"--gpu {self.gpu}: {exc}") from None
+        self.settings()  # the budget against --concurrency, checked where the flags enter
+
     def settings(self) -> dict[str, Any]:
-        """The ReplaySettings fields these flags set."""
+        """The ReplaySettings fields these flags set, GPU-dependent defaults filled in and named
+        in ``assumed_defaults``."""
         timed = self.replay_in_time
+        gpu = parse_gpu(self.gpu)
+        assumed = []
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = vllm_max_num_batched_tokens(gpu, self.vllm_entry_point)
+            assumed.append(f"vLLM --max-num-batched-tokens {budget} ({self.vllm_entry_point})")
+        chunk = self.chunked_prefill_size
+        if chunk is None:
+            chunk = sglang_chunked_prefill_size(gpu)
+            assumed.append(f"SGLang --chunked-prefill-size {chunk}")
+        in_flight = self.concurrency or (DEFAULT_TIMED_CONCURRENCY if timed else 1)
+        if budget < in_flight:
+            if self.max_num_batched_tokens is not None:
+                raise PrefixcheckError(
+                    f"--max-num-batched-tokens {budget} is below --concurrency {in_flight} "
+                    "(vLLM needs max_num_batched_tokens >= max_num_seqs)"
+                )
+            budget = in_flight
         return {
-            "chunked_prefill_size": self.chunked_prefill_size,
-            "max_in_flight": self.concurrency or (DEFAULT_TIMED_CONCURRENCY if timed else 1),
+            "max_num_batched_tokens": budget,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
+            "overlap_schedule": not self.disable_overlap_schedule,
+            "assumed_defaults": f"defaults for {gpu.name} ({gpu.memory_gib:g} GiB): "
+            + ", ".join(assumed)
+            if assumed
+            else "",
+            "chunked_prefill_size": chunk,
+            "max_in_flight": in_flight,
             "time_model": TimeModel(self.prefill_tokens_per_s, self.decode_tokens_per_s)
             if timed
             else None,

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +12,7 @@ from analyzer.chat_server import RENDERINGS
 from analyzer.errors import PrefixcheckError
 from analyzer.ingest import IngestOptions
 from analyzer.loaders import format_names
+from analyzer.loaders.jsonl import bounded_json
 from analyzer.loaders.mapped import FieldMap
 from analyzer.templates import BUILTIN_TEMPLATES
 from analyzer.token_cache import default_cache_dir
@@ -84,7 +84,7 @@ def template_kwargs(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        value = json.loads(text)
+        value = bounded_json(text)
     except ValueError as exc:
         raise PrefixcheckError(f"--chat-template-kwargs is not JSON ({exc})") from None
     if not isinstance(value, dict):

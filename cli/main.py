@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -21,7 +19,7 @@ from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.report import report_schema
-from cli.common import EXIT_GATE_FAILED, EXIT_INTERRUPTED, fail, write_text
+from cli.common import EXIT_GATE_FAILED, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.export_trace import export_trace_command
@@ -62,11 +60,11 @@ def _root(
     ] = None,
 ) -> None:
     """prefixcheck: prefix-cache hit rates of your prompt logs, as the engines count them."""
-    path = config or find_config(Path.cwd())
-    if path is None:
-        return
     assert isinstance(ctx.command, typer.core.TyperGroup)
     try:
+        path = config or find_config(Path.cwd())
+        if path is None:
+            return
         ctx.default_map = default_map(path, ctx.command.commands)
     except PrefixcheckError as exc:
         fail(Console(stderr=True), str(exc))
@@ -161,19 +159,8 @@ def analyze_command(
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
-class _Interrupted(BaseException):
-    """Ctrl-C, raised past click (which would turn a KeyboardInterrupt into "Aborted!")."""
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupted
-
-
 def main() -> None:
-    """Console-script entry point: Ctrl-C ends the run with a short message, no traceback."""
-    signal.signal(signal.SIGINT, _interrupt)
-    try:
-        app()
-    except (KeyboardInterrupt, _Interrupted):
-        print("prefixcheck: interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+    """The console script (see cli.entry, which installs the signal handlers first)."""
+    from cli.entry import main as entry
+
+    entry()

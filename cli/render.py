@@ -44,7 +44,7 @@ def render_report(report: Report, console: Console) -> None:
         console.print(
             Panel(Group(*items), title="Recommendations", title_align="left", border_style="green")
         )
-    for note in report.notes:
+    for note in report.notes + report.run_notes:
         console.print(Text(f"note: {note}", style="dim"))
     if report.measurement is not None:
         render_measurement(report.measurement, console)

@@ -108,9 +108,10 @@ def test_sandbox_blocks_attribute_escape() -> None:
 
 
 def test_template_that_does_not_compile() -> None:
-    renderer = chat_renderer("{% for %}", SPECIAL)
+    with pytest.raises(PrefixcheckError, match="does not compile"):  # before any request
+        chat_renderer("{% for %}", SPECIAL)
     with pytest.raises(PrefixcheckError, match="does not compile"):
-        renderer.render([{"role": "user", "content": "x"}])
+        ChatRenderer("{% for %}", SPECIAL).render([{"role": "user", "content": "x"}])
 
 
 TOOL = {"type": "function", "function": {"name": "get"}}

@@ -173,8 +173,14 @@ def test_replay_modes_are_named_in_the_report(tmp_path: Path) -> None:
         # flight (one batch; or the second arriving 1 ms in, mid-prefill), the second misses.
         assert [r["vllm_hit"] for r in rows] == [0, 16]
         assert [r["sglang_hit"] for r in rows] == ([0, 20] if not flags else [0, 0])
-    assert modes[""] == "sequential"
-    assert modes["--concurrency 2"].startswith("concurrent (up to 2 in flight")
+    assumed = (
+        "defaults for H100 (79.1 GiB): vLLM --max-num-batched-tokens 8192 (server), "
+        "SGLang --chunked-prefill-size 8192"
+    )
+    assert modes[""] == f"sequential; {assumed}"
+    assert modes["--concurrency 2"] == (
+        f"concurrent (up to 2 in flight, lock-step, 8192 tokens per step); {assumed}"
+    )
     assert modes["--replay-in-time"].startswith("arrival time (up to 256 in flight")
 
 

@@ -199,11 +199,19 @@ def test_namespaces_never_share(engine: str) -> None:
     assert together.tolist() == alone.tolist() * 2
 
 
+def policy_params(policy: str) -> dict[str, int]:
+    """A --radix-eviction-policy-config SGLang accepts for ``policy`` (tlru needs one)."""
+    if policy == "tlru":
+        return {"tlru_threshold": 48, "tlru_next_prompt_estimate": 8}
+    return {}
+
+
 @pytest.mark.parametrize("policy", SGLANG_EVICTION_POLICIES)
 @pytest.mark.parametrize(("page_size", "chunk"), [(1, 0), (4, 10), (16, 0)])
 def test_unbounded_never_hits_less_than_bounded(policy: str, page_size: int, chunk: int) -> None:
     workload = random_tokens_workload(7)
     common = {"page_size": page_size, "chunked_prefill_size": chunk, "eviction_policy": policy}
+    common |= policy_params(policy)
     unbounded = replay(workload, "fast", **common).hit_tokens
     bounded = replay(workload, "fast", capacity_tokens=largest_request(workload) + 40, **common)
     assert np.all(bounded.hit_tokens <= unbounded)
@@ -225,6 +233,7 @@ def test_fast_engine_equals_reference(seed: int, policy: str, page_size: int, ch
                 "eviction_policy": policy,
                 "chunked_prefill_size": chunk,
                 "waiting_prefix_refresh": refresh,
+                **policy_params(policy),
             }
             fast, ref = replay(workload, "fast", **config), replay(workload, "reference", **config)
             assert fast.hit_tokens.tolist() == ref.hit_tokens.tolist()
@@ -413,6 +422,7 @@ def test_session_chunks_equal_one_replay(policy: str, page_size: int, chunk: int
                 capacity_tokens=capacity,
                 eviction_policy=policy,  # type: ignore[arg-type]
                 chunked_prefill_size=chunk,
+                **policy_params(policy),
             )
             at_once = {engine: new_session(config, engine) for engine in ENGINES}
             whole = at_once["reference"].feed(workload)

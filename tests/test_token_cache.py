@@ -1,5 +1,7 @@
 """The token cache: a second run reads the ids from disk (the same ids), keyed by tokenizer and
-text; equal texts are tokenized once; an unusable cache folder is reported, never fatal."""
+text; equal texts are tokenized once; an unusable cache folder is reported, never fatal; a
+damaged cache (flipped bits, truncation, wrong shapes) is discarded and recomputed, never
+served; a failed write (a full disk) leaves no file behind."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.token_cache import TokenCache, default_cache_dir, encode_texts, text_key
+from analyzer.token_cache import (
+    LAYOUT,
+    TokenCache,
+    default_cache_dir,
+    encode_texts,
+    namespace,
+    text_key,
+)
 from analyzer.tokenizer import load_tokenizer
 
 TEXTS = ["The cache is warm.", "The cache is cold.", "The cache is warm.", ""]
@@ -36,8 +45,8 @@ def test_second_run_reads_the_cache(tmp_path: Path) -> None:
     assert (stats.from_cache, stats.tokenized, tokenizer.encoded) == (3, 0, 3)
     assert [a.tolist() for a in first] == [b.tolist() for b in second]
     assert second[3].tolist() == [] and second[0].dtype == np.int32
-    files = list((tmp_path / "tokens" / tokenizer.fingerprint).glob("*.parquet"))
-    assert len(files) == 1
+    files = list((tmp_path / "tokens" / LAYOUT / namespace(tokenizer.fingerprint)).glob("*"))
+    assert len(files) == 1 and files[0].suffix == ".parquet"
 
 
 def test_keys_separate_texts_specials_and_tokenizers(tmp_path: Path) -> None:
@@ -76,3 +85,106 @@ def test_cache_dir_follows_platform_conventions(
     assert default_cache_dir() == Path.home() / ".cache" / "prefixcheck"
     monkeypatch.setenv("PREFIXCHECK_CACHE_DIR", str(tmp_path / "x"))
     assert default_cache_dir() == tmp_path / "x"
+
+
+def _warm(tmp_path: Path, texts: list[str]) -> tuple[list[list[int]], Path]:
+    tokenizer = load_tokenizer(None)
+    ids, _ = encode_texts(texts, [False] * len(texts), tokenizer, cache_dir=tmp_path)
+    (file,) = (tmp_path / "tokens" / LAYOUT / namespace(tokenizer.fingerprint)).glob("*.parquet")
+    return [row.tolist() for row in ids], file
+
+
+def _fresh_read(tmp_path: Path, texts: list[str]):  # type: ignore[no-untyped-def]
+    import analyzer.token_cache as token_cache
+
+    token_cache._OPEN.clear()  # a new run: no index in memory
+    return encode_texts(texts, [False] * len(texts), load_tokenizer(None), cache_dir=tmp_path)
+
+
+LONG_TEXTS = [f"request {i}: " + "the cache is warm and the ids are right " * 20 for i in range(40)]
+
+
+def _rewrite(file: Path, change) -> None:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    frame = pl.read_parquet(file)
+    change(frame).write_parquet(file)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "flip ids",  # a bit flipped in one entry's ids: its checksum fails
+        "odd length",  # an entry of 4k+1 bytes (crashed every later run before)
+        "truncate file",  # half a file
+        "garbage file",  # not Parquet at all
+        "wrong columns",  # Parquet of another shape
+        "flip file bytes",  # bits flipped anywhere in the file
+    ],
+)
+def test_damaged_cache_is_discarded_and_recomputed(tmp_path: Path, damage: str) -> None:
+    import polars as pl
+
+    want, file = _warm(tmp_path, LONG_TEXTS)
+    if damage == "flip ids":
+
+        def flip(frame: pl.DataFrame) -> pl.DataFrame:
+            blobs = frame["ids"].to_list()
+            blobs[3] = bytes([blobs[3][0] ^ 0x01]) + blobs[3][1:]
+            return frame.with_columns(pl.Series("ids", blobs, pl.Binary))
+
+        _rewrite(file, flip)
+    elif damage == "odd length":
+        _rewrite(
+            file,
+            lambda f: f.with_columns(
+                pl.Series("ids", [b + b"x" for b in f["ids"].to_list()], pl.Binary)
+            ),
+        )
+    elif damage == "truncate file":
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    elif damage == "garbage file":
+        file.write_bytes(b"not parquet" * 100)
+    elif damage == "wrong columns":
+        pl.DataFrame({"key": [1, 2], "ids": ["a", "b"]}).write_parquet(file)
+    else:
+        data = bytearray(file.read_bytes())
+        for position in range(64, len(data) - 64, max(1, len(data) // 50)):
+            data[position] ^= 0x10
+        file.write_bytes(bytes(data))
+    got, stats = _fresh_read(tmp_path, LONG_TEXTS)
+    assert [row.tolist() for row in got] == want  # never the damaged ids
+    assert stats.damaged >= 1 and stats.error is None
+    assert stats.from_cache + stats.tokenized == len(LONG_TEXTS)
+    again, stats = _fresh_read(tmp_path, LONG_TEXTS)  # the recomputed ids were stored
+    assert [row.tolist() for row in again] == want
+    assert (stats.damaged, stats.from_cache) == (0, len(LONG_TEXTS))
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), RuntimeError("x")])
+def test_failed_write_is_reported_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    import polars as pl
+
+    def write_half(self: pl.DataFrame, path: Path, **kwargs: object) -> None:
+        Path(path).write_bytes(b"PAR1 partial")  # what a full disk leaves behind
+        raise error
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", write_half)
+    got, stats = _fresh_read(tmp_path, LONG_TEXTS)
+    assert len(got) == len(LONG_TEXTS) and not stats.stored
+    assert stats.error is not None and "cannot write" in stats.error
+    if isinstance(error, OSError):
+        assert "No space left on device" in stats.error
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_fast_and_exact_tokenizers_never_share_entries(tmp_path: Path) -> None:
+    from tests.test_tokenizer_fast import byte_level_folder
+
+    folder = byte_level_folder(tmp_path / "m", qwen_split=True)
+    fast, exact = load_tokenizer(str(folder)), load_tokenizer(str(folder), fast=False)
+    assert fast.fast is not None and exact.fast is None
+    assert namespace(fast.fingerprint) != namespace(exact.fingerprint)
+    assert namespace(fast.fingerprint, "template a") != namespace(fast.fingerprint, "template b")

@@ -3,6 +3,7 @@ request's hit, preemptions and re-hits, and the metric totals, must equal the or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,13 +35,17 @@ def config_of(case: dict[str, Any]) -> VllmConfig:
     )
 
 
-def check(golden: dict[str, Any], engine: str) -> None:
+def check(
+    golden: dict[str, Any],
+    engine: str,
+    configure: Callable[[dict[str, Any]], VllmConfig] = config_of,
+) -> None:
     """Every configuration of one golden workload, request by request."""
     workload = to_workload(golden["requests"])
     for case in golden["configs"]:
-        result = VllmPrefixCache(config_of(case), engine=engine).replay(workload)  # type: ignore[arg-type]
-        where = f"seed {golden['seed']} B={case['block_size']} {case['capacity']} "
-        where += f"blocks={case['num_blocks']} K={case['max_in_flight']}"
+        config = configure(case)
+        result = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+        where = f"seed {golden['seed']} {case['capacity']} {config}"
         np.testing.assert_array_equal(result.hit_tokens, case["hit"], err_msg=where)
         np.testing.assert_array_equal(
             result.counters["preemptions"], case["preemptions"], err_msg=where

@@ -1,15 +1,20 @@
 """Measured gains: replay a changed workload or configuration through the same cache models.
 
 Independent replays run in forked worker processes when the log is big enough for that to pay.
+The workers die with the run: they ignore Ctrl-C (the parent handles it and ends them), the
+kernel kills them when the parent dies (Linux), and the pool is terminated on any way out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,9 +147,9 @@ def _engine_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]
     _PENDING = list(scenarios)  # forked workers inherit them: no pickling of the workloads
     try:
         context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            return list(pool.map(_replay_pending, range(len(scenarios))))
-    finally:
+        with context.Pool(workers, initializer=_worker_started, initargs=(os.getpid(),)) as pool:
+            return pool.map(_replay_pending, range(len(scenarios)), chunksize=1)
+    finally:  # leaving the with block (error, Ctrl-C, SIGTERM) terminated the workers
         _PENDING = []
 
 
@@ -170,6 +175,22 @@ _PENDING: list[Scenario] = []
 
 def _replay_pending(index: int) -> dict[str, np.ndarray]:
     return _model_replay(_PENDING[index])
+
+
+def _worker_started(parent: int) -> None:
+    """In each worker: Ctrl-C and SIGTERM do what the defaults do (the parent's handlers, which
+    raise, are not inherited), and the worker is killed if the parent dies first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C: the parent ends us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _start_methods() -> list[str]:

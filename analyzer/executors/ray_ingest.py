@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analyzer.errors import PrefixcheckError, Skip, StrictModeError
-from analyzer.executors.shards import ShardMeta, ShardSpec, expand, plan_shards
+from analyzer.errors import PrefixcheckError, Skip, SkipLog, StrictModeError
+from analyzer.executors.shards import CACHE_COLUMNS, ShardMeta, ShardSpec, expand, plan_shards
 from analyzer.ingest import CHUNK_RECORDS, CHUNK_TOKENS, Chunk, ChunkedIngest, IngestOptions
 from analyzer.progress import Progress
 from analyzer.records import Record
@@ -30,7 +30,15 @@ from analyzer.tokenizer import load_tokenizer
 from analyzer.workload import TokenizedLog, build_workload
 from cache_models.workload import Workload
 
-TOKEN_COLUMNS = ("seq", "prompt_ids", "output_ids", "stop_finish")
+TOKEN_COLUMNS = (
+    "seq",
+    "prompt_ids",
+    "output_ids",
+    "stop_finish",
+    "namespace",
+    *CACHE_COLUMNS,
+    *(f"has_{name}" for name in CACHE_COLUMNS),
+)
 
 
 @dataclass
@@ -38,7 +46,8 @@ class _Shard:
     """A shard's table as the driver uses it (fetched once, dropped after its last record)."""
 
     requests: pl.DataFrame
-    workload: Workload  # namespace 0; unknown output ids moved past the earlier shards'
+    workload: Workload  # the shard's namespace ids; unknown output ids past earlier shards'
+    given: dict[str, np.ndarray]  # per row: whether its chunk in the shard had each column
     records: list[Record] | None
 
 
@@ -129,9 +138,14 @@ class RayIngest(ChunkedIngest):
 
     def _fetched(self, refs: Any, meta: ShardMeta, offset: int, unknown_base: int) -> _Shard:
         table = self.fetch(refs[1])
+        given: dict[str, np.ndarray] = {}
         if table.num_columns == 0:
             requests, workload = pl.DataFrame(), Workload.from_arrays([], [])
         else:
+            given = {
+                name: table.column(f"has_{name}").to_numpy(zero_copy_only=False).astype(bool)
+                for name in CACHE_COLUMNS
+            }
             requests = pl.from_arrow(table.drop_columns(list(TOKEN_COLUMNS)))
             assert isinstance(requests, pl.DataFrame)
             if offset:
@@ -142,7 +156,7 @@ class RayIngest(ChunkedIngest):
             records = self.fetch(refs[2])
             for record, line in zip(records, meta.lines, strict=True):
                 record.line = int(line) + offset
-        return _Shard(requests, workload, records)
+        return _Shard(requests, workload, given, records)
 
     def _chunk(
         self,
@@ -157,6 +171,8 @@ class RayIngest(ChunkedIngest):
         """One chunk's tokenized log as ``build_workload`` gives it for these records."""
         frames: list[pl.DataFrame] = []
         workloads: list[Workload] = []
+        keys: list[tuple[str, ...]] = []
+        given = dict.fromkeys(CACHE_COLUMNS, False)
         rendering: list[Skip] = []
         empty: list[Skip] = []
         records: list[Record] = []
@@ -166,7 +182,11 @@ class RayIngest(ChunkedIngest):
             kept = rows[rows >= 0]
             if len(kept):
                 frames.append(shard.requests[kept])
-                workloads.append(shard.workload.select(kept))
+                part = shard.workload.select(kept)
+                workloads.append(part)
+                keys.extend(meta.namespace_keys[i] for i in part.namespace)
+                for name in CACHE_COLUMNS:
+                    given[name] = given[name] or bool(shard.given[name][kept].any())
             if len(kept) < len(rows):
                 skipped = {int(q) for q in seq[rows < 0]}
                 for at, after, skip in meta.token_skips:
@@ -177,38 +197,31 @@ class RayIngest(ChunkedIngest):
         touched = {int(s) for s in np.unique(shards)}
         stats = CacheStats.total([metas[s].token_cache for s in sorted(touched - stats_given)])
         stats_given |= touched
+        skips = SkipLog(rendering + empty)
         if not frames:
             log = build_workload([], load_tokenizer(None), self._renderer(), chunk_state=self.state)
-            return replace(log, skips=rendering + empty, token_cache=stats), records
+            return replace(log, skips=skips, token_cache=stats), records
         requests = pl.concat(frames, how="vertical_relaxed")
         workload = _concat(workloads)
-        namespace = self._namespaces(requests)
+        self.state.models.update(requests["model"].fill_null("").to_list())
+        ids = self.state.namespace_ids
         arrivals = requests["arrival_s"]
         workload = replace(
             workload,
-            namespace=namespace,
+            namespace=np.array([ids.setdefault(k, len(ids)) for k in keys], np.int32),  # type: ignore[arg-type]
             arrival_s=None if arrivals.null_count() else arrivals.to_numpy().astype(np.float64),
+            **{name: getattr(workload, name) if given[name] else None for name in CACHE_COLUMNS},
         )
         log = TokenizedLog(
             workload=workload,
             requests=requests,
-            skips=rendering + empty,
+            skips=skips,
             namespace_labels=self.state.labels(),
             from_text=any(metas[s].from_text for s in touched),
             assumed_stop_finish=requests["finish_reason"].null_count(),
             token_cache=stats,
         )
         return log, records
-
-    def _namespaces(self, requests: pl.DataFrame) -> np.ndarray:
-        """Namespace ids by first appearance across the whole read, keyed by model, salt and
-        LoRA (as ``analyzer.workload._namespaces`` keys a chunk of a longer log)."""
-        ids, models = self.state.namespace_ids, self.state.models
-        columns = [requests[c].fill_null("").to_list() for c in ("model", "cache_salt", "lora")]
-        models.update(columns[0])
-        return np.array(
-            [ids.setdefault(key, len(ids)) for key in zip(*columns, strict=True)], np.int32
-        )
 
 
 def _workload(table: Any, unknown_base: int) -> Workload:
@@ -222,8 +235,12 @@ def _workload(table: Any, unknown_base: int) -> Workload:
         prompt_offsets=prompts.offsets.to_numpy().astype(np.int64),
         output_tokens=output_tokens,
         output_offsets=outputs.offsets.to_numpy().astype(np.int64),
-        namespace=np.zeros(table.num_rows, np.int32),
+        namespace=table.column("namespace").to_numpy().astype(np.int32),
         stop_finish=table.column("stop_finish").to_numpy(zero_copy_only=False).astype(bool),
+        **{
+            name: table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+            for name, dtype in zip(CACHE_COLUMNS, (np.int64, np.bool_, np.int64), strict=True)
+        },
     )
 
 

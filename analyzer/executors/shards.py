@@ -17,6 +17,7 @@ import gzip
 import io
 import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,9 +28,11 @@ import numpy as np
 import polars as pl
 import zstandard
 
+from analyzer import errors
 from analyzer.errors import PrefixcheckError, Skip, StrictModeError
 from analyzer.ingest import CHUNK_RECORDS, ChunkedIngest, IngestOptions, _estimated_tokens
 from analyzer.loaders import (
+    DETECTION_BYTES,
     DETECTION_TEXT_LINES,
     FORMATS,
     MAPPED,
@@ -39,7 +42,14 @@ from analyzer.loaders import (
     _Peeked,
 )
 from analyzer.loaders.joins import Answer
-from analyzer.loaders.sources import COMPRESSED_SUFFIXES, STDIN, base_suffix, expand_inputs
+from analyzer.loaders.sources import (
+    COMPRESSED_SUFFIXES,
+    STDIN,
+    _lines,
+    _one_json_value,
+    base_suffix,
+    expand_inputs,
+)
 from analyzer.progress import NoProgress
 from analyzer.records import Record
 from analyzer.token_cache import CacheStats
@@ -83,6 +93,7 @@ class ShardMeta:
     estimated: np.ndarray  # per record: the chunker's token estimate
     row_of: np.ndarray  # per record: its row in the table, -1 when it was skipped
     token_skips: list[tuple[int, bool, Skip]]  # (record, after rendering?, skip), in order
+    namespace_keys: list[tuple[str, ...]] = field(default_factory=list)  # by the table's ids
     loader_skips: list[Skip] = field(default_factory=list)
     formats: dict[str, str] = field(default_factory=dict)
     answers_joined: int = 0
@@ -168,7 +179,7 @@ def plan_shards(
             pieces.append(((name,), None, None, None))
             continue
         head = _head_lines(name)
-        if suffix == ".json" and head and _one_value(head):
+        if suffix == ".json" and head and _one_json_value(head[:2]):
             if uri:
                 raise PrefixcheckError(f"{name}: a JSON-array file is read from a path, not a URI")
             pieces.append(((name,), None, None, None))
@@ -193,18 +204,15 @@ def plan_shards(
     return specs
 
 
-def _one_value(head: list[tuple[int, bytes]]) -> bool:
-    from analyzer.loaders import _one_json_value
-
-    return _one_json_value(head)
-
-
-def _head_lines(name: str) -> list[tuple[int, bytes]]:
-    head: list[tuple[int, bytes]] = []
+def _head_lines(name: str) -> list[tuple[int, Any]]:
+    """The lines format detection reads (as ``loaders._peek`` bounds them)."""
+    head: list[tuple[int, Any]] = []
+    size = 0
     with open_input(name) as handle:
-        for number, line in enumerate(handle, 1):
+        for number, line in _lines(handle):
             head.append((number, line))
-            if number >= DETECTION_TEXT_LINES:
+            size += len(line) if isinstance(line, bytes) else 0
+            if len(head) >= DETECTION_TEXT_LINES or size >= DETECTION_BYTES:
                 break
     return head
 
@@ -345,17 +353,15 @@ class ShardReader(ChunkedIngest):
                     yield record
         yield from held
 
-    def _lines(self, name: str) -> Iterator[tuple[int, bytes]]:
+    def _lines(self, name: str) -> Iterator[tuple[int, Any]]:
+        """The range's lines numbered from 1, long lines bounded as the local reader bounds
+        them."""
         spec = self.spec
         with open_input(name, seekable=spec.end is not None) as handle:
-            if spec.end is None:
-                lines: Iterator[bytes] = iter(handle)
-            else:
+            if spec.end is not None:
                 handle.seek(spec.start or 0)
-                data = handle.read(spec.end - (spec.start or 0))
-                parts = data.split(b"\n")
-                lines = iter([p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else []))
-            for number, line in enumerate(lines, 1):
+                handle = io.BytesIO(handle.read(spec.end - (spec.start or 0)))
+            for number, line in _lines(handle):
                 self.range_lines = number
                 yield number, line
 
@@ -372,8 +378,9 @@ def ingest_shard(spec: ShardSpec, options: IngestOptions) -> tuple[ShardMeta, pa
     strict: Skip | None = None
     chunks = []
     try:
-        for chunk in reader.chunks(CHUNK_RECORDS):
-            chunks.append(chunk)
+        with _every_skip_kept():  # the driver counts them into the local run's chunks
+            for chunk in reader.chunks(CHUNK_RECORDS):
+                chunks.append(chunk)
     except _LoaderStrict as exc:
         strict = exc.skip
     except StrictModeError as exc:
@@ -396,6 +403,7 @@ def ingest_shard(spec: ShardSpec, options: IngestOptions) -> tuple[ShardMeta, pa
         estimated=np.asarray(reader.estimated, np.int64),
         row_of=row_of,
         token_skips=token_skips,
+        namespace_keys=list(reader.state.namespace_ids),
         loader_skips=list(reader.loaded.skips),
         formats=dict(reader.loaded.formats),
         answers_joined=reader.loaded.answers_joined,
@@ -410,6 +418,20 @@ def ingest_shard(spec: ShardSpec, options: IngestOptions) -> tuple[ShardMeta, pa
         worker=f"{socket.gethostname()}:{os.getpid()}",
     )
     return meta, table, records
+
+
+@contextmanager
+def _every_skip_kept() -> Iterator[None]:
+    """SkipLogs that keep every skip of this shard (a shard's lines bound them)."""
+    saved = errors.SKIPS_KEPT, errors.REASON_KINDS_KEPT
+    errors.SKIPS_KEPT = errors.REASON_KINDS_KEPT = sys.maxsize
+    try:
+        yield
+    finally:
+        errors.SKIPS_KEPT, errors.REASON_KINDS_KEPT = saved
+
+
+CACHE_COLUMNS = ("priority", "skip_prefix_lookup", "hit_limit")  # Workload's optional columns
 
 
 def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray]:
@@ -432,4 +454,19 @@ def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray]:
     )
     table = table.append_column("prompt_ids", prompt).append_column("output_ids", output)
     table = table.append_column("stop_finish", pa.array(workload.stop_finish, pa.bool_()))
+    table = table.append_column("namespace", pa.array(workload.namespace, pa.int32()))
+    filled = {
+        "priority": workload.priorities,
+        "skip_prefix_lookup": workload.skips_lookup,
+        "hit_limit": workload.hit_limits,
+    }
+    for name in CACHE_COLUMNS:
+        given = np.concatenate(
+            [
+                np.full(log.workload.n_requests, getattr(log.workload, name) is not None)
+                for log in logs
+            ]
+        )
+        table = table.append_column(name, pa.array(filled[name]))
+        table = table.append_column(f"has_{name}", pa.array(given, pa.bool_()))
     return table, seq

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, islice
 from typing import Any
 
-from analyzer.errors import BadLine, PrefixcheckError, Skip, StrictModeError
+from analyzer.errors import BadLine, PrefixcheckError, Skip, SkipLog, StrictModeError
 from analyzer.loaders import (
     anthropic,
     conversations,
@@ -24,17 +23,11 @@ from analyzer.loaders import (
     server_logs,
     token_ids,
 )
+from analyzer.loaders.guard import MAX_JSON_DEPTH, checked, too_deep, unexpected
 from analyzer.loaders.joins import Answer, join_answers
 from analyzer.loaders.jsonl import json_object
 from analyzer.loaders.mapped import FieldMap
-from analyzer.loaders.sources import (
-    base_suffix,
-    expand_inputs,
-    iter_csv_rows,
-    iter_json_array,
-    iter_raw_lines,
-    iter_rows,
-)
+from analyzer.loaders.sources import MAX_LINE_BYTES, LongLine, expand_inputs, read_items
 from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
 
@@ -147,15 +140,17 @@ FORMATS: dict[str, LogFormat] = {
 MAPPED = LogFormat("mapped", "any JSON, read through --*-field paths", mapped.matches, mapped.parse)
 DETECTION_LINES = 50  # JSON objects looked at to detect a format
 DETECTION_TEXT_LINES = 5000  # server logs: lines looked at for the first request line
+DETECTION_BYTES = 32 << 20  # and at most this many bytes of them
 PROGRESS_EVERY = 1000
 
 
 @dataclass
 class LoadResult:
-    """Everything read: the requests in input order, the skipped lines, each file's format."""
+    """Everything read: the requests in input order, the skipped lines (counted, a bounded
+    sample kept), each file's format."""
 
     records: list[Record] = field(default_factory=list)
-    skips: list[Skip] = field(default_factory=list)
+    skips: SkipLog = field(default_factory=SkipLog)
     formats: dict[str, str] = field(default_factory=dict)
     lines_read: int = 0
     answers_joined: int = 0
@@ -288,34 +283,18 @@ class _Peeked:
 
 
 def _peek(name: str) -> _Peeked:
-    suffix = base_suffix(name)
-    if suffix == ".parquet":
-        rows = iter_rows(name)
-        return _Peeked(list(islice(rows, DETECTION_LINES)), rows, objects=True)
-    if suffix == ".csv":
-        rows = iter_csv_rows(name)
-        return _Peeked(list(islice(rows, DETECTION_LINES)), rows, objects=True)
-    lines = iter_raw_lines(name)
-    head = list(islice(lines, DETECTION_TEXT_LINES))
-    if suffix == ".json" and head and _one_json_value(head):
-        items = iter_json_array(name, head[0][1])
+    """The first items of a source, opened once; at most DETECTION_BYTES of raw lines."""
+    objects, items = read_items(name)
+    if objects:
         return _Peeked(list(islice(items, DETECTION_LINES)), items, objects=True)
-    return _Peeked(head, lines, objects=False)
-
-
-def _one_json_value(head: list[tuple[int, bytes]]) -> bool:
-    """Whether a .json file is one JSON value (an array, or an API response ``{"data": [...]}``
-    printed over many lines or on one) rather than JSON lines."""
-    first = head[0][1].strip()
-    if first[:1] == b"[" or first == b"{":  # an array, or an object printed over several lines
-        return True
-    if first[:1] != b"{" or len(head) > 1:
-        return False
-    try:
-        value = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(value, dict) and isinstance(value.get("data"), list)
+    head: list[tuple[int, Any]] = []
+    size = 0
+    for number, line in items:
+        head.append((number, line))
+        size += len(line) if isinstance(line, bytes) else 0
+        if len(head) >= DETECTION_TEXT_LINES or size >= DETECTION_BYTES:
+            break
+    return _Peeked(head, items, objects=False)
 
 
 def _detect(name: str, items: _Peeked) -> LogFormat:
@@ -354,9 +333,11 @@ def _format_of(value: Any) -> LogFormat | None:
     return None
 
 
-def _decode(raw: bytes, name: str, line: int) -> dict[str, Any] | str | Skip:
+def _decode(raw: bytes | LongLine, name: str, line: int) -> dict[str, Any] | str | Skip:
     """A JSON object when the line looks like one, else the line as text (server logs' lines
     may start with ``[``, a timestamp)."""
+    if isinstance(raw, LongLine):
+        return _too_long(raw, name, line)
     if raw.lstrip()[:1] == b"{" or not raw.strip():
         return json_object(raw, name, line)
     try:
@@ -372,33 +353,56 @@ def _parse_items(
     parse: Parser,
     fields: FieldMap | None,
 ) -> Iterator[Parsed | Skip]:
+    """Each line parsed, or its Skip: the one place where a line's errors, anticipated
+    (BadLine) or not (any other exception, a bug or an input no one foresaw), become a reasoned
+    skip naming file and line. Errors of the whole input (PrefixcheckError) still stop the run."""
     for line, item in items:
-        value = _item_value(item, name, line, log_format, items.objects)
-        if isinstance(value, Skip):
-            yield value
-            continue
         try:
-            if not log_format.owns(value):
-                _raise_if_mixed(value, log_format)
-            parsed = parse(value, name, line)
-            if fields is not None and isinstance(value, dict):
-                mapped.apply_overrides(parsed, value, fields)
-            yield parsed
+            value = _item_value(item, name, line, log_format, items.objects)
+            if isinstance(value, Skip):
+                result: Parsed | Skip = value
+            else:
+                if not log_format.owns(value):
+                    _raise_if_mixed(value, log_format)
+                parsed = parse(value, name, line)
+                if fields is not None and isinstance(value, dict):
+                    mapped.apply_overrides(parsed, value, fields)
+                result = checked(parsed)
         except BadLine as exc:
-            yield Skip(name, line, exc.reason)
+            result = Skip(name, line, exc.reason)
+        except PrefixcheckError:
+            raise
+        except Exception as exc:
+            result = Skip(name, line, unexpected(exc))
+        yield result
 
 
 def _item_value(
     item: Any, name: str, line: int, log_format: LogFormat, objects: bool
 ) -> dict[str, Any] | str | Skip:
     if objects:
-        return item if isinstance(item, dict) else Skip(name, line, "expected a JSON object")
+        if not isinstance(item, dict):
+            return Skip(name, line, "expected a JSON object")
+        return Skip(name, line, _DEEP) if too_deep(item) else item
+    if isinstance(item, LongLine):
+        return _too_long(item, name, line)
     if log_format.text:
         try:
             return item.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError:
             return Skip(name, line, "not UTF-8 text")
     return json_object(item, name, line)
+
+
+_DEEP = f"JSON nested too deeply (over {MAX_JSON_DEPTH} levels)"
+
+
+def _too_long(line: LongLine, name: str, number: int) -> Skip:
+    return Skip(
+        name,
+        number,
+        f"line of {line.size:,} bytes, over the maximum {MAX_LINE_BYTES >> 20} MiB (not read)",
+    )
 
 
 def _raise_if_mixed(value: Any, log_format: LogFormat) -> None:

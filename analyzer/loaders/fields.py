@@ -115,3 +115,34 @@ def cached_tokens(usage: Any) -> int | None:
         return None
     details = usage.get("prompt_tokens_details")
     return count(details.get("cached_tokens")) if isinstance(details, dict) else None
+
+
+def cache_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """The request fields that change which prompt tokens the engines read from their caches,
+    as ``Record`` keyword arguments: SGLang's ``extra_key`` (a namespace) and ``priority``
+    (``--radix-eviction-policy priority``), ``logprob_start_len`` when ``return_logprob`` is set
+    (SGLang matches at most that many tokens: ``Req._compute_max_prefix_len``), and vLLM's
+    ``prompt_logprobs`` (``SamplingParams.skip_reading_prefix_cache``: no lookup at all). Read
+    at the top level or under ``sampling_params`` (SGLang's ``/generate``)."""
+    sampling = dict_field(obj, "sampling_params")
+    fields: dict[str, Any] = {}
+    extra_key = optional_str(obj, "extra_key")
+    if extra_key:
+        fields["extra_key"] = extra_key
+    priority = optional_int(obj, "priority")
+    if priority is not None:
+        if not -(2**63) <= priority < 2**63:
+            raise BadLine(f"field 'priority' = {priority} is outside the signed 64-bit range")
+        fields["priority"] = priority
+    prompt_logprobs = obj.get("prompt_logprobs", sampling.get("prompt_logprobs"))
+    if prompt_logprobs is not None:
+        if isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int):
+            raise BadLine("field 'prompt_logprobs' must be an integer")
+        fields["prompt_logprobs"] = True
+    return_logprob = obj.get("return_logprob") or False
+    if not isinstance(return_logprob, bool):
+        raise BadLine("field 'return_logprob' must be a boolean")
+    start = optional_int(obj, "logprob_start_len")
+    if return_logprob and start is not None and start >= 0:
+        fields["logprob_start_len"] = start
+    return fields

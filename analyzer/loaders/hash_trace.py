@@ -24,6 +24,7 @@ import numpy as np
 
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import int_list, optional_int, optional_number
+from analyzer.loaders.guard import MAX_REQUEST_TOKENS
 from analyzer.records import Record
 
 DEFAULT_BLOCK_SIZE = 512
@@ -61,6 +62,8 @@ def parse(
         raise BadLine("missing field 'input_length'")
     if input_length < 1:
         raise BadLine(f"input_length must be positive, got {input_length}")
+    if input_length > MAX_REQUEST_TOKENS:  # expanded below: checked before it is allocated
+        raise BadLine(f"input_length is over the maximum {MAX_REQUEST_TOKENS:,} tokens")
     expected_blocks = -(-input_length // block_size)
     if len(hash_ids) != expected_blocks:
         raise BadLine(

@@ -6,18 +6,39 @@ import json
 from typing import Any
 
 from analyzer.errors import Skip
+from analyzer.loaders.guard import MAX_JSON_DEPTH, too_deep
 
 
 def json_object(raw: bytes, file: str, line: int) -> dict[str, Any] | Skip:
     """The JSON object on one line, or a Skip saying why it is not one."""
     if not raw.strip():
         return Skip(file, line, "blank line")
+    deep = f"JSON nested too deeply (over {MAX_JSON_DEPTH} levels)"
     try:
         obj = json.loads(raw)
     except UnicodeDecodeError:
         return Skip(file, line, "not UTF-8 text")
     except json.JSONDecodeError as exc:
         return Skip(file, line, f"malformed JSON ({exc.msg})")
+    except ValueError as exc:  # e.g. an integer of over 4,300 digits
+        return Skip(file, line, f"malformed JSON ({str(exc)[:120]})")
+    except RecursionError:
+        return Skip(file, line, deep)
     if not isinstance(obj, dict):
         return Skip(file, line, f"expected a JSON object, got {type(obj).__name__}")
+    # Only a line with that many brackets can nest that deep: the walk is for those alone.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(obj):
+        return Skip(file, line, deep)
     return obj
+
+
+def bounded_json(text: str | bytes) -> Any:
+    """JSON that nests at most MAX_JSON_DEPTH levels; a ValueError says why not (Python's own
+    parser raises RecursionError on deep input, which no caller expects)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if isinstance(value, dict | list) and too_deep(value):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value

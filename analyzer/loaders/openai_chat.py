@@ -18,7 +18,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import cached_tokens, count, optional_number, optional_str
+from analyzer.loaders.fields import (
+    cache_fields,
+    cached_tokens,
+    count,
+    optional_number,
+    optional_str,
+)
 from analyzer.records import Message, Record
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -78,6 +84,7 @@ def request_record(body: dict[str, Any], file: str, line: int) -> Record:
         tenant=optional_str(body, "user") or optional_str(body, "prompt_cache_key") or None,
         chat_template_kwargs=kwargs or None,
         add_generation_prompt=add_generation_prompt is not False,
+        **cache_fields(body),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import optional_number, optional_str, required_str
+from analyzer.loaders.fields import cache_fields, optional_number, optional_str, required_str
 from analyzer.records import Record
 
 
@@ -29,4 +29,5 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
         cache_salt=optional_str(obj, "cache_salt") or None,
         model=optional_str(obj, "model"),
         arrival_s=optional_number(obj, "timestamp"),
+        **cache_fields(obj),
     )

@@ -48,12 +48,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import count
+from analyzer.loaders.fields import cache_fields, count
 from analyzer.loaders.joins import Answer
 from analyzer.records import Record
 
 VLLM_REQUEST = re.compile(r"(?:Received request|Request) (\S+?)(?: details)?: prompt: ")
 VLLM_PARAMS = re.compile(r"Received request (\S+?): params: ")
+PROMPT_LOGPROBS = re.compile(r"SamplingParams\(.*?\bprompt_logprobs=(None|-?\d+)")
 VLLM_ANSWER = re.compile(r"Generated response (\S+?)( \(streaming (?:delta|complete)\))?: output: ")
 VLLM_ANSWER_IDS = re.compile(
     r"Generated response (\S+?)( \(streaming (?:delta|complete)\))? details: output_token_ids: "
@@ -102,9 +103,17 @@ def parse_vllm(line: str, file: str, number: int) -> Record | Answer:
         prompt_token_ids=token_ids,
         add_special_tokens=not request_id.startswith("chatcmpl-"),
         lora=lora.group(1) if lora else None,
+        prompt_logprobs=_asks_prompt_logprobs(rest),
         request_id=request_id,
         arrival_s=_vllm_time(line[: request.start()]),
     )
+
+
+def _asks_prompt_logprobs(text: str) -> bool | None:
+    """From a logged ``SamplingParams(...)``: True when ``prompt_logprobs`` is set (vLLM then
+    skips the prefix lookup), None when the line logs no SamplingParams."""
+    found = PROMPT_LOGPROBS.search(text)
+    return None if found is None else found.group(1) != "None"
 
 
 def _vllm_other(line: str, file: str, number: int) -> Answer:
@@ -117,6 +126,7 @@ def _vllm_other(line: str, file: str, number: int) -> Answer:
             file=file,
             line=number,
             lora=lora.group(1) if lora else None,
+            prompt_logprobs=_asks_prompt_logprobs(line),
             orphan_reason=f"request {params.group(1)}: vLLM logged no prompt (it logs prompts "
             "on a DEBUG 'Request ... details' line: run with --log-level DEBUG)",
         )
@@ -176,7 +186,8 @@ def parse_sglang(line: str, file: str, number: int) -> Record | Answer:
         prompt=text if input_ids is None else None,
         prompt_token_ids=_checked_ids(input_ids) if input_ids is not None else None,
         lora=_optional_str(fields.get("lora_path")),
-        cache_salt=_optional_str(fields.get("extra_key")),
+        cache_salt=_optional_str(fields.get("cache_salt")),
+        **cache_fields(fields),
         request_id=str(rid) if rid is not None else None,
         arrival_s=_sglang_time(line),
     )

@@ -1,5 +1,9 @@
-"""Input sources: files, folders, globs and ``-`` (standard input); ``.gz`` and ``.zst`` are read
-through their decompressors, ``.parquet``, ``.csv`` and JSON-array files row by row."""
+"""Input sources: files, folders, globs, named pipes and ``-`` (standard input); ``.gz`` and
+``.zst`` are read through their decompressors, ``.parquet``, ``.csv`` and JSON-array files row by
+row.
+
+Every source is opened once (a pipe cannot be read twice); lines are read with a bound on their
+size, and a truncated compressed file is an error, not a shorter log."""
 
 from __future__ import annotations
 
@@ -9,9 +13,13 @@ import glob
 import gzip
 import io
 import json
+import os
 import re
+import stat
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,6 +30,9 @@ from analyzer.errors import PrefixcheckError
 STDIN = "-"
 LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log", ".txt", ".parquet", ".csv")
 COMPRESSED_SUFFIXES = (".gz", ".zst")
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, which some Windows tools write first
+MAX_LINE_BYTES = 64 << 20  # a longer line is a counted skip, never read into memory whole
+MAX_JSON_ARRAY_BYTES = 1 << 30  # a .json array file is parsed whole, so its size is bounded
 # Fields that exports (Parquet, CSV-born JSON) often hold as JSON text instead of nested values.
 JSON_TEXT_FIELDS = frozenset(
     {
@@ -49,15 +60,16 @@ JSON_TEXT_FIELDS = frozenset(
 
 
 def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
-    """Every file named: a folder gives its log files (sorted, recursively), a glob its matches."""
+    """Every file named: a folder gives its log files (sorted, recursively), a glob its matches.
+
+    A folder that cannot be listed (permissions) is an error naming it, never a silent gap.
+    """
     files: list[str] = []
     for item in map(str, inputs):
         if item == STDIN:
             files.append(STDIN)
         elif Path(item).is_dir():
-            found = sorted(
-                str(p) for p in Path(item).rglob("*") if p.is_file() and _is_log_file(p.name)
-            )
+            found = sorted(_log_files_under(item))
             if not found:
                 raise PrefixcheckError(f"{item}: no log files in this folder")
             files.extend(found)
@@ -69,6 +81,26 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
         else:
             files.append(item)
     return files
+
+
+def _log_files_under(folder: str) -> Iterator[str]:
+    """The log files below ``folder``, following links to folders once each (no cycles)."""
+    seen: set[tuple[int, int]] = set()
+
+    def unreadable(exc: OSError) -> None:
+        where = exc.filename or folder
+        raise PrefixcheckError(f"{where}: cannot read this folder: {exc.strerror or exc}")
+
+    for top, dirs, names in os.walk(folder, onerror=unreadable, followlinks=True):
+        info = os.stat(top)
+        if (info.st_dev, info.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        for name in names:
+            path = os.path.join(top, name)
+            if _is_log_file(name) and os.path.isfile(path):
+                yield path
 
 
 def _is_log_file(name: str) -> bool:
@@ -89,11 +121,18 @@ def base_suffix(name: str) -> str:
 
 @contextlib.contextmanager
 def open_binary(name: str) -> Iterator[IO[bytes]]:
-    """The decompressed bytes of a file (or of standard input)."""
+    """The decompressed bytes of a file, a named pipe or standard input, opened once.
+
+    Devices and sockets are refused (``/dev/zero`` never ends); a truncated or corrupt ``.gz``
+    or ``.zst`` raises a PrefixcheckError naming the file when its end is read.
+    """
     if name == STDIN:
         yield sys.stdin.buffer
         return
     try:
+        kind = os.stat(name).st_mode
+        if not (stat.S_ISREG(kind) or stat.S_ISFIFO(kind)):
+            raise PrefixcheckError(f"{name}: not a regular file or a named pipe")
         raw = Path(name).open("rb")  # noqa: SIM115 (closed below, after the error check)
     except OSError as exc:
         raise PrefixcheckError(f"{name}: cannot read: {exc.strerror or exc}") from None
@@ -101,16 +140,140 @@ def open_binary(name: str) -> Iterator[IO[bytes]]:
         if name.endswith(".gz"):
             yield gzip.GzipFile(fileobj=raw)
         elif name.endswith(".zst"):
-            yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw), 1 << 20)
+            yield io.BufferedReader(_ZstdReader(raw, name), 1 << 20)
         else:
             yield raw
 
 
-def iter_raw_lines(name: str) -> Iterator[tuple[int, bytes]]:
-    """``(line_number, bytes)`` for every line, numbered from 1."""
+class _ZstdReader(io.RawIOBase):
+    """A zstd stream, frame after frame; input that ends inside a frame is an error (the
+    ``zstandard`` stream reader returns what it has and stops, silently)."""
+
+    def __init__(self, raw: IO[bytes], name: str) -> None:
+        self._raw = raw
+        self._name = name
+        self._frame = zstandard.ZstdDecompressor().decompressobj()
+        self._started = False  # the current frame has had input
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._started and not self._frame.eof:
+                    raise PrefixcheckError(
+                        f"{self._name}: truncated zstd data (the file ends inside a frame)"
+                    )
+                return 0
+            self._pending = self._feed(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _feed(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:
+            if self._frame.eof:
+                self._frame = zstandard.ZstdDecompressor().decompressobj()
+            self._started = True
+            try:
+                out.append(self._frame.decompress(chunk))
+            except zstandard.ZstdError as exc:
+                raise PrefixcheckError(f"{self._name}: corrupt zstd data ({exc})") from None
+            chunk = self._frame.unused_data if self._frame.eof else b""
+        return b"".join(out)
+
+
+@dataclass(frozen=True)
+class LongLine:
+    """A line longer than MAX_LINE_BYTES: its bytes are not kept, only its size."""
+
+    size: int
+
+
+def read_items(name: str) -> tuple[bool, Iterator[tuple[int, Any]]]:
+    """Open a source once and give its items numbered from 1, and whether they are objects
+    (a JSON-array file's items, Parquet rows) rather than raw lines (bytes, or a LongLine)."""
+    if base_suffix(name) == ".parquet":
+        return True, iter_rows(name)
+    if base_suffix(name) == ".csv":
+        return True, iter_csv_rows(name)
+    items = _items(name)
+    objects = next(items)
+    assert isinstance(objects, bool)
+    return objects, items  # type: ignore[return-value]
+
+
+def _items(name: str) -> Iterator[Any]:
     with open_binary(name) as handle:
         try:
-            yield from enumerate(handle, 1)
+            if base_suffix(name) != ".json":
+                yield False
+                yield from _lines(handle)
+                return
+            lead = handle.peek(1 << 16)[:4096] if hasattr(handle, "peek") else b""
+            if lead.removeprefix(BOM).lstrip()[:1] == b"[":
+                yield True
+                yield from _json_value(name, handle.read(MAX_JSON_ARRAY_BYTES + 1))
+                return
+            lines = _lines(handle)
+            head = list(islice(lines, 2))
+            if _one_json_value(head):
+                start = b"".join(line for _, line in head if isinstance(line, bytes))
+                yield True
+                yield from _json_value(name, start + handle.read(MAX_JSON_ARRAY_BYTES + 1))
+                return
+            yield False
+            yield from head
+            yield from lines
+        except (OSError, EOFError, zstandard.ZstdError) as exc:
+            raise PrefixcheckError(f"{name}: cannot decompress: {exc}") from None
+
+
+def _one_json_value(head: list[tuple[int, Any]]) -> bool:
+    """Whether a .json file is one JSON value (an array, or an API response ``{"data": [...]}``
+    printed over many lines or on one) rather than JSON lines, from its first two lines."""
+    if not head or not isinstance(head[0][1], bytes):
+        return False
+    first = head[0][1].removeprefix(BOM).strip()
+    if first[:1] == b"[" or first == b"{":  # an array, or an object printed over several lines
+        return True
+    if first[:1] != b"{" or len(head) > 1:
+        return False
+    try:
+        value = json.loads(first)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and isinstance(value.get("data"), list)
+
+
+def _lines(handle: IO[bytes]) -> Iterator[tuple[int, bytes | LongLine]]:
+    """Each line with its number; a UTF-8 byte-order mark before the first is dropped."""
+    number = 0
+    while line := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if number == 1:
+            line = line.removeprefix(BOM)
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield number, line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n") and (line := handle.readline(1 << 20)):
+            size += len(line)
+        yield number, LongLine(size)
+
+
+def iter_raw_lines(name: str) -> Iterator[tuple[int, bytes]]:
+    """``(line_number, bytes)`` for every line of a file read again after the run's own read
+    (a line over MAX_LINE_BYTES reads as empty). A pipe or standard input has nothing left."""
+    with open_binary(name) as handle:
+        try:
+            for number, line in _lines(handle):
+                yield number, line if isinstance(line, bytes) else b""
         except (OSError, EOFError, zstandard.ZstdError) as exc:
             raise PrefixcheckError(f"{name}: cannot decompress: {exc}") from None
 
@@ -152,14 +315,20 @@ def _csv_value(value: str | None) -> Any:
     return value
 
 
-def iter_json_array(name: str, first: bytes) -> Iterator[tuple[int, Any]]:
-    """The items of a file that holds one JSON array (ShareGPT datasets, UI exports), or one
-    object whose ``data`` is the array (a saved API response: Langfuse's, Helicone's). A comma
-    before the closing bracket (Helicone's JSON export writes one) is accepted."""
-    with open_binary(name) as handle:
-        raw = handle.read()
+def _json_value(name: str, raw: bytes) -> Iterator[tuple[int, Any]]:
+    """The items of a source that holds one JSON array (ShareGPT datasets, UI exports), or one
+    object whose ``data`` is the array (a saved API response: Langfuse's, Helicone's), read
+    whole: at most MAX_JSON_ARRAY_BYTES. A comma before the closing bracket (Helicone's JSON
+    export writes one) is accepted."""
+    if len(raw) > MAX_JSON_ARRAY_BYTES:
+        raise PrefixcheckError(
+            f"{name}: a JSON value over {MAX_JSON_ARRAY_BYTES >> 20} MiB; write it as JSON "
+            "Lines (one object per line), which is read line by line"
+        )
+    first = raw.removeprefix(BOM).lstrip()[:1]
     try:
         text = raw.decode("utf-8-sig")
+        del raw
         try:
             items = json.loads(text)
         except ValueError:
@@ -171,6 +340,8 @@ def iter_json_array(name: str, first: bytes) -> Iterator[tuple[int, Any]]:
         raise PrefixcheckError(
             f"{name}: starts with {first[:1]!r} but is not JSON ({exc})"
         ) from None
+    except RecursionError:
+        raise PrefixcheckError(f"{name}: JSON nested too deeply to read") from None
     if isinstance(items, dict) and isinstance(items.get("data"), list):
         items = items["data"]
     if not isinstance(items, list):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import int_list, optional_number, optional_str
+from analyzer.loaders.fields import cache_fields, int_list, optional_number, optional_str
 from analyzer.records import Record
 
 
@@ -28,4 +28,5 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
         lora=optional_str(obj, "lora") or None,
         model=optional_str(obj, "model"),
         arrival_s=optional_number(obj, "timestamp"),
+        **cache_fields(obj),
     )

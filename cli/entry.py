@@ -1,0 +1,82 @@
+"""The console script's entry point. Light on purpose: the signal handlers are in place before
+the heavy imports (polars, numba, the cache models), so Ctrl-C at any moment ends the run the
+same way.
+
+Ctrl-C (exit 130) and SIGTERM (exit 143) end the run with one line, the forked workers with it
+(analyzer/diagnose/measure.py); an error no check anticipated (a bug) prints one line and a hint
+to report it, and exits 70 (sysexits' EX_SOFTWARE, apart from 1, a gate, and 2, bad input);
+none of them prints a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import signal
+import sys
+from typing import NoReturn
+
+EXIT_INTERNAL_ERROR = 70
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C or SIGTERM, raised past click (which would turn a KeyboardInterrupt into
+    "Aborted!")."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
+    raise _Interrupted(signum)
+
+
+def main() -> None:
+    """Run the prefixcheck command line."""
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        from cli.main import app
+
+        app()
+    except (KeyboardInterrupt, _Interrupted) as exc:
+        terminated = isinstance(exc, _Interrupted) and exc.signum == signal.SIGTERM
+        _leave("terminated" if terminated else "interrupted", exc)
+    except Exception as exc:  # typer re-raises what click did not handle
+        _leave("internal error", exc)
+
+
+def _leave(what: str, exc: BaseException) -> NoReturn:
+    """One line on standard error, then exit at once: threads still in a kernel are not
+    waited for, and the forked workers were ended on the way out."""
+    if what == "internal error":
+        detail = str(exc).splitlines()[0][:300] if str(exc) else ""
+        message = (
+            f"prefixcheck: internal error: {type(exc).__name__}: {detail} (a bug in prefixcheck "
+            f"{_version()}: please report it with the command line that gave it)"
+        )
+        code = EXIT_INTERNAL_ERROR
+    else:
+        message = f"prefixcheck: {what}"
+        code = EXIT_TERMINATED if what == "terminated" else EXIT_INTERRUPTED
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        print(message, file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("prefixcheck")
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown version)"
+
+
+if __name__ == "__main__":
+    main()

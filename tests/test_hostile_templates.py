@@ -1,0 +1,96 @@
+"""Hostile chat templates: the sandbox holds (no escape), and every render is bounded in time and
+size, so a template that loops, blows up a string or asks for a huge range fails its request with
+a reason, quickly, instead of hanging the run or filling memory."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from analyzer.chat import ChatRenderer, chat_renderer
+from analyzer.errors import BadLine, PrefixcheckError
+from analyzer.tokenizer import SpecialTokens
+
+SPECIAL = SpecialTokens(eos_token="<|im_end|>")
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(autouse=True)
+def _short_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("analyzer.sandbox.RENDER_SECONDS", 0.3)  # 2 s in a run; quick here
+
+
+ESCAPES = [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ messages.__class__.__base__.__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.system('echo pwned') }}",
+    "{{ self._TemplateReference__context.cycler.__init__.__globals__ }}",
+    "{{ raise_exception.__globals__ }}",
+    "{% set x = messages.append(1) %}",  # the immutable sandbox: no mutation
+    "{{ strftime_now.__self__.__class__ }}",
+]
+BLOW_UPS = [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
+    "{% set l = range(100000)|list %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}",
+    "{{ lipsum(1000000) }}",
+    "{{ 'a' * 10**10 }}",
+    "{{ 'a' * 1000000000 }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}{{ ns.s|length }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
+    "{% endfor %}",
+    "{{ 'x'.center(10**10) }}",
+    "{{ 'x'|center(10**10) }}",
+    "{{ 'x'.ljust(999999999) }}",
+    "{{ 10 ** 100000000 }}",
+    "{% set n = 10 ** 1000 %}{{ n ** n }}",
+    "{{ (range(10**6)|list) * 10**6 }}",
+    "{{ 'ab'|indent(10**10) }}",
+    "{% for i in range(10**5) %}{{ 'y' * 1000 }}{% endfor %}",  # 100M characters of output
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",  # unbounded recursion
+]
+
+
+@pytest.mark.parametrize("source", ESCAPES)
+def test_sandbox_holds(source: str) -> None:
+    renderer = ChatRenderer(source, SPECIAL)
+    try:
+        text = renderer.render(MESSAGES)
+    except BadLine as exc:
+        assert "chat template failed" in exc.reason
+    else:
+        assert "pwned" not in text and "subprocess" not in text and "<module" not in text
+
+
+@pytest.mark.parametrize("source", BLOW_UPS)
+def test_hostile_template_fails_its_request_within_bounds(source: str) -> None:
+    renderer = ChatRenderer(source, SPECIAL)
+    start = time.monotonic()
+    with pytest.raises(BadLine, match="chat template failed"):
+        renderer.render(MESSAGES)
+    assert time.monotonic() - start < 10  # RENDER_SECONDS is 2; slack for a loaded CI machine
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        (42, "is not a string"),
+        (["{{ x }}"], "is not a string"),
+        ({"default": 5}, "is not a string"),
+        ("{% for %}", "does not compile"),
+        ("{% if x %}" * 3000, "does not compile"),  # nested too deeply for the parser
+    ],
+)
+def test_template_that_is_not_a_template_is_a_clear_error(template: object, why: str) -> None:
+    with pytest.raises(PrefixcheckError, match=why):
+        chat_renderer(template, SPECIAL)  # type: ignore[arg-type]
+
+
+def test_ordinary_templates_still_render() -> None:
+    renderer = chat_renderer(None, SPECIAL)
+    text = renderer.render(MESSAGES * 200)
+    assert text.count("<|im_start|>user\nhello<|im_end|>") == 200
+    looped = ChatRenderer("{% for i in range(3) %}{{ i }}{% endfor %}{{ 'ab' * 3 }}", SPECIAL)
+    assert looped.render(MESSAGES) == "012ababab"

@@ -1,0 +1,129 @@
+"""Ctrl-C (SIGINT to the process group, as a terminal sends it) and SIGTERM (to the main process
+alone, as a supervisor sends it), early in the run and while forked workers replay: exit 130 or
+143 with one line, no traceback, no process left behind, and the next run's JSON is the same."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "chat_logs.jsonl"
+# The diagnosis forks its replays for logs of 2M tokens or more; here for any log.
+SCRIPT = (
+    "import sys, analyzer.diagnose.measure as m\n"
+    "m.PARALLEL_MIN_TOKENS = 0\n"
+    "from cli.entry import main\n"
+    "sys.argv = ['prefixcheck', 'analyze', *sys.argv[1:]]\n"
+    "main()\n"
+)
+ARGS = [str(EXAMPLE), "--capacity-tokens", "20000", "--quiet"]
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="checks processes through /proc (Linux)"
+)
+
+
+def _start(cache: Path, *extra: str, plain: bool = False) -> subprocess.Popen[str]:
+    command = ["-m", "cli.entry", "analyze"] if plain else ["-c", SCRIPT]
+    return subprocess.Popen(
+        [sys.executable, *command, *ARGS, *extra],
+        cwd=ROOT,
+        env={**os.environ, "PREFIXCHECK_CACHE_DIR": str(cache)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own session: what is left of it can be found
+    )
+
+
+def _in_session(session: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session
+                found.append(int(entry))
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _clean_run(cache: Path, out: Path) -> bytes:
+    process = _start(cache, "--json", str(out))
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    return out.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    folder = tmp_path_factory.mktemp("reference")
+    return _clean_run(folder / "cache", folder / "r.json")
+
+
+@pytest.mark.parametrize(
+    ("stage", "signum"),
+    [
+        ("importing", signal.SIGINT),
+        ("importing", signal.SIGTERM),
+        ("running", signal.SIGTERM),
+        ("forked workers", signal.SIGINT),
+        ("forked workers", signal.SIGTERM),
+    ],
+)
+def test_signal_ends_the_run_cleanly(
+    tmp_path: Path, reference: bytes, stage: str, signum: int
+) -> None:
+    cache = tmp_path / "cache"
+    process = _start(cache, plain=stage == "importing")
+    if stage == "importing":
+        time.sleep(0.3)  # python is still importing polars, numba, the cache models
+    elif stage == "running":
+        time.sleep(2.5)  # reading, tokenizing or replaying, whichever it has reached
+    else:
+        deadline = time.monotonic() + 120
+        while not _children(process.pid) and process.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    with contextlib.suppress(ProcessLookupError):  # it may have finished already
+        if signum == signal.SIGINT:
+            os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the group
+        else:
+            process.send_signal(signal.SIGTERM)  # a supervisor's SIGTERM, to the main process
+    _, stderr = process.communicate(timeout=60)
+    if process.returncode != 0:  # it may have finished just before the signal
+        assert process.returncode == (130 if signum == signal.SIGINT else 143), stderr
+        assert "Traceback" not in stderr
+        assert stderr.strip().splitlines()[-1] in (
+            "prefixcheck: interrupted",
+            "prefixcheck: terminated",
+        )
+    for _ in range(100):  # the kernel reaps killed workers shortly after
+        if not _in_session(process.pid):
+            break
+        time.sleep(0.05)
+    assert _in_session(process.pid) == []
+    if signum == signal.SIGTERM and stage == "forked workers":  # the token cache is written
+        assert _clean_run(cache, tmp_path / "after.json") == reference
