@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from analyzer.errors import PrefixcheckError
 from analyzer.shares import share
 
 ENGINES = ("vllm", "sglang")
-_LOSS_LIMIT = re.compile(r"^\s*([a-z_]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
+_LOSS_LIMIT = re.compile(r"^\s*([A-Za-z_-]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,14 @@ class LossLimit:
             raise PrefixcheckError(
                 f"--max-loss {text!r}: expected KIND=TOKENS or KIND=PERCENT% (e.g. alignment=5%)"
             )
-        kind, number, percent = match.groups()
+        name, number, percent = match.groups()
+        kind = name.lower().replace("-", "_")  # dynamic-content, as flags are spelled
         if kind not in CATEGORIES:
-            known = ", ".join(sorted(CATEGORIES))
-            raise PrefixcheckError(f"--max-loss {text!r}: unknown loss {kind!r}; known: {known}")
+            close = difflib.get_close_matches(kind, CATEGORIES, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise PrefixcheckError(
+                f"--max-loss {text!r}: no cause {name!r}; {hint}(causes: {', '.join(CATEGORIES)})"
+            )
         value = float(number)
         if percent and value > 100:
             raise PrefixcheckError(f"--max-loss {text!r}: a percentage is at most 100%")
@@ -45,6 +50,23 @@ class LossLimit:
             if self.is_share
             else f"{self.kind} <= {self.value:,.0f} tokens"
         )
+
+
+def parse_rate(text: str, flag: str = "--fail-under") -> float:
+    """A hit rate as a share (``0.7``) or a percentage (``70``, ``70%``), as coverage.py's
+    ``--fail-under`` users type it."""
+    value = text.strip()
+    percent = value.endswith("%")
+    try:
+        number = float(value.removesuffix("%"))
+    except ValueError:
+        message = f"{flag} {text!r}: expected a rate (0.7) or a percentage (70%)"
+        raise PrefixcheckError(message) from None
+    if percent or number > 1:
+        number /= 100
+    if not 0 <= number <= 1:
+        raise PrefixcheckError(f"{flag} {text!r}: a rate is between 0 and 1 (0% and 100%)")
+    return number
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ whole or chunk by chunk (a log of billions of tokens never has to be in memory a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -27,6 +27,7 @@ from cache_models.workload import Workload
 CHUNK_RECORDS = 2000  # at most this many requests tokenized (and replayed) at a time
 CHUNK_TOKENS = 4_000_000  # and about this many prompt tokens (estimated before tokenizing)
 CHARS_PER_TOKEN = 3  # a low guess for text, so that chunks of text stay small enough
+PROGRESS_EVERY = 500  # requests read between two progress reports
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class ChunkedIngest:
     state: ChunkState = field(default_factory=ChunkState)
     tokenizer: Tokenizer | None = None
     renderer: ChatRenderer | None = None
+    _requests: int = 0  # requests read and processed so far
 
     def records(self) -> Iterator[Record]:
         """The requests of the inputs, as they are read (the loaders' order)."""
@@ -80,12 +82,16 @@ class ChunkedIngest:
             strict=self.options.strict,
             hash_block_size=self.options.hash_block_size,
             fields=self.options.fields,
-            progress=self.progress,
         )
 
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
         records = self.records()
-        while batch := _take(records, chunk_records):
+        meter = self.loaded.meter
+        done, requests = 0, 0  # bytes and requests of the chunks processed so far
+        while batch := _take(records, chunk_records, self._reading(done, requests)):
+            read = meter.position()
+            requests += len(batch)
+            chunk_progress = _ChunkProgress(self.progress, meter.total, done, read, requests)
             if self.tokenizer is None and (
                 self.options.tokenizer
                 or any(r.messages is not None or r.prompt is not None for r in batch)
@@ -99,14 +105,29 @@ class ChunkedIngest:
                 self.tokenizer or load_tokenizer(None),
                 self._renderer(),
                 strict=self.options.strict,
-                progress=self.progress,
+                progress=chunk_progress,
                 cache_dir=self.options.cache_dir,
                 chunk_state=self.state,
             )
             if not any(r.messages for r in batch):
                 for record in batch:  # the workload holds the ids now; only chats are re-rendered
                     record.prompt_token_ids = record.output_token_ids = None
+            done = read
+            self.report("reading", requests)
             yield Chunk(batch, tokenized)
+
+    def report(self, step: str, requests: int | None = None) -> None:
+        """Tell the progress sink that the chunks so far are at ``step`` (replaying...)."""
+        if requests is not None:
+            self._requests = requests
+        meter = self.loaded.meter
+        self.progress.input(step, meter.position(), meter.total, self._requests)
+
+    def _reading(self, done: int, requests: int) -> Callable[[int], None]:
+        def reading(taken: int) -> None:
+            self.progress.input("reading", done, self.loaded.meter.total, requests + taken)
+
+        return reading
 
     def _renderer(self) -> ChatRenderer:
         if self.renderer is None:
@@ -137,16 +158,53 @@ class ChunkedIngest:
         return Ingested(self.loaded, merge(chunks, self.state), self.tokenizer, self._renderer())
 
 
-def _take(records: Iterator[Record], limit: int) -> list[Record]:
-    """The next records, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens."""
+def _take(
+    records: Iterator[Record], limit: int, reading: Callable[[int], None] | None = None
+) -> list[Record]:
+    """The next records, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens;
+    ``reading(count)`` is told at the first record and every PROGRESS_EVERY records after."""
     batch: list[Record] = []
     tokens = 0
     for record in islice(records, limit):
         batch.append(record)
         tokens += _estimated_tokens(record)
+        if reading is not None and len(batch) % PROGRESS_EVERY == 1:
+            reading(len(batch))
         if tokens >= CHUNK_TOKENS:
             break
     return batch
+
+
+@dataclass
+class _ChunkProgress:
+    """The stages of one chunk (tokenizing prompts, answers) as overall progress: the chunk's
+    bytes, ``start`` to ``end``, fill in as its current stage advances (never backwards)."""
+
+    sink: Progress
+    total: int | None
+    start: int
+    end: int
+    requests: int
+    _step: str = "tokenizing"
+    _units: int | None = None
+    _done: int = 0
+    _shown: int = 0
+
+    def stage(self, name: str, total: int | None) -> None:
+        self._step, self._units, self._done = name, total, 0
+        self._show()
+
+    def advance(self, units: int) -> None:
+        self._done += units
+        self._show()
+
+    def input(self, step: str, done_bytes: int, total_bytes: int | None, requests: int) -> None:
+        self.sink.input(step, done_bytes, total_bytes, requests)
+
+    def _show(self) -> None:
+        share = min(1.0, self._done / self._units) if self._units else 0.0
+        self._shown = max(self._shown, self.start + int(share * (self.end - self.start)))
+        self.sink.input(self._step, self._shown, self.total, self.requests)
 
 
 def _estimated_tokens(record: Record) -> int:

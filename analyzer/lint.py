@@ -144,7 +144,45 @@ def lint_template(
 def lint_templates(
     paths: Iterable[Path], tokenizer: Tokenizer, renderer: ChatRenderer, block_size: int, raw: bool
 ) -> list[TemplateLint]:
-    return [lint_template(p, tokenizer, renderer, block_size, raw=raw) for p in paths]
+    """Every template's lint; one that cannot be read or rendered is a PC000 error of its own,
+    and the others are still linted."""
+    results = []
+    for path in paths:
+        try:
+            results.append(lint_template(path, tokenizer, renderer, block_size, raw=raw))
+        except PrefixcheckError as exc:
+            reason = str(exc).removeprefix(f"{path}: ")
+            results.append(
+                TemplateLint(
+                    path=str(path),
+                    prompt_tokens=0,
+                    shared_prefix_tokens=0,
+                    block_size=block_size,
+                    first_placeholder=None,
+                    static_tokens_after_placeholder=0,
+                    findings=[Finding("PC000", "error", reason, 1)],
+                )
+            )
+    return results
+
+
+def summary(results: Sequence[TemplateLint]) -> str:
+    """One line over every template: how many, and the errors and warnings by rule."""
+    rules: dict[tuple[str, str], int] = {}
+    for result in results:
+        for finding in result.findings:
+            key = (finding.severity, finding.rule)
+            rules[key] = rules.get(key, 0) + 1
+    clean = sum(not result.findings for result in results)
+    parts = [f"{len(results)} template{'s' * (len(results) != 1)}"]
+    for severity in ("error", "warning"):
+        found = {rule: n for (kind, rule), n in sorted(rules.items()) if kind == severity}
+        if found:
+            total = sum(found.values())
+            detail = ", ".join(f"{rule} ×{n}" for rule, n in found.items())
+            parts.append(f"{total} {severity}{'s' * (total != 1)} ({detail})")
+    parts.append(f"{clean} clean")
+    return f"{parts[0]}: {', '.join(parts[1:])}"
 
 
 def _read(path: Path) -> str:

@@ -13,6 +13,7 @@ import polars as pl
 
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
+from analyzer.diagnose.recommend import KvShape
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.fleet import FleetOptions
 from analyzer.fleet_run import (
@@ -24,10 +25,15 @@ from analyzer.fleet_run import (
 from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
-from analyzer.measure.estimate import prefill_estimate
+from analyzer.measure.estimate import KV_DTYPE_BYTES, prefill_estimate
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, preset
 from analyzer.pool import model_labels
-from analyzer.prefixes import TEMPLATE_MIN_TOKENS, SharedPrefix, shared_prefixes
+from analyzer.prefixes import (
+    TEMPLATE_MIN_TOKENS,
+    SharedPrefix,
+    shared_prefixes,
+    template_groups,
+)
 from analyzer.progress import NoProgress, Progress
 from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log
 from analyzer.report import (
@@ -158,7 +164,15 @@ def read(
     chunks = reader.chunks(options.chunk_records)
     head = _head(chunks, sample_budget(options))
     sample = reader.finished(head)
-    return ReadLog(reader, sample, (chunk.tokenized for chunk in chunks))
+    return ReadLog(reader, sample, _replaying(reader, chunks))
+
+
+def _replaying(reader: ChunkedIngest, chunks: Iterator[Chunk]) -> Iterator[TokenizedLog]:
+    """The chunks after the sample, each reported to the input's progress bar as it goes to the
+    replay."""
+    for chunk in chunks:
+        reader.report("replaying")
+        yield chunk.tokenized
 
 
 def sample_budget(options: AnalyzeOptions) -> int | None:
@@ -178,6 +192,7 @@ def diagnose(
     """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log;
     for a fleet, of one instance with its total capacity, then the routing cause."""
     tokenizer, loaded = log.reader.tokenizer, log.reader.loaded
+    shape = preset(options.model_preset)
     sample_replays, settings, fleet_hits = replayed.sample_replays, options.settings, None
     if fleet_run is not None:
         sample_replays, settings = fleet_run.single, fleet_run.settings
@@ -196,7 +211,8 @@ def diagnose(
         if tokenizer
         else None,
         progress,
-        fleet_hits,
+        kv=KvShape(shape.name, shape.kv_bytes_per_token(KV_DTYPE_BYTES)),
+        fleet_hits=fleet_hits,
     )
 
 
@@ -214,13 +230,19 @@ def report(
     decoder = _decoder(log)
     prompt_lengths = whole.requests["prompt_tokens"].to_numpy()
     server_comparison = compare_with_server(whole.requests, replays, settings.block_size)
-    prefixes = [  # templates, not the shared heads of varying values
+    candidates = [  # templates, not the shared heads of varying values
         prefix
         for prefix in shared_prefixes(
-            replays.trie, top=2 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
+            replays.trie, top=4 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
         )
         if not diagnosed.values.ends_inside(prefix.tokens)
-    ][: options.top_prefixes]
+    ]
+    # The top prefixes, and the leading prefix of each of the top templates (so that a template's
+    # variants do not crowd the others out).
+    templates = template_groups(candidates)
+    leads = {templates.index(group) for group in set(templates) if group < options.top_prefixes}
+    chosen = sorted(leads | set(range(min(options.top_prefixes, len(candidates)))))
+    prefixes = [(candidates[i], templates[i]) for i in chosen]
     block_size = settings.block_size
     report = Report(
         inputs=loaded.formats,
@@ -256,7 +278,9 @@ def report(
         models=_model_summaries(model_labels(whole.requests["model"]), prompt_lengths, replays),
         server_comparison=server_comparison,
         shared_prefixes=[
-            _prefix_summary(prefix, block_size, decoder, options.redact, whole)
+            _prefix_summary(
+                prefix, block_size, decoder, options.redact, whole, diagnosed.padding_saves
+            )
             for prefix in prefixes
         ],
         recommendations=diagnosed.diagnosis.recommendations
@@ -391,12 +415,14 @@ def _summary(
 
 
 def _prefix_summary(
-    prefix: SharedPrefix,
+    chosen: tuple[SharedPrefix, int],
     block_size: int,
     decoder: Tokenizer | None,
     redact: bool,
     tokenized: LogTable,
+    padding_saves: dict[bytes, int],
 ) -> PrefixSummary:
+    prefix, template = chosen
     return PrefixSummary(
         tokens=prefix.length,
         remainder=prefix.length % block_size,
@@ -405,6 +431,8 @@ def _prefix_summary(
         namespace=tokenized.namespace_labels[prefix.namespace],
         fingerprint=prefix.fingerprint(tokenized.namespace_labels[prefix.namespace]),
         padding=prefix.padding(block_size),
+        padding_saves=padding_saves.get(prefix.tokens.tobytes()),
+        template=template,
         recompute_saved_per_request=prefix.recompute_saved_per_request(block_size),
         snippet=None if redact else snippet(prefix.tokens, decoder),
     )

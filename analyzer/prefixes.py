@@ -53,6 +53,17 @@ class SharedPrefix:
         return self.length % block_size
 
 
+def template_groups(prefixes: list[SharedPrefix]) -> list[int]:
+    """Per prefix, its template: prefixes that begin with the same ``FINGERPRINT_TOKENS`` tokens
+    (in any namespace) are one template's variants (a system prompt, the same prompt with a
+    few-shot block, the same prompt under another cache_salt). Numbered in order of first
+    appearance."""
+    groups: dict[bytes, int] = {}
+    return [
+        groups.setdefault(p.tokens[:FINGERPRINT_TOKENS].tobytes(), len(groups)) for p in prefixes
+    ]
+
+
 def shared_prefixes(
     trie: TrieNodes,
     *,

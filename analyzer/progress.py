@@ -12,6 +12,12 @@ class Progress(Protocol):
     def advance(self, units: int) -> None:
         """``units`` more units of the current stage are done."""
 
+    def input(self, step: str, done_bytes: int, total_bytes: int | None, requests: int) -> None:
+        """Overall progress through the input, across chunks: ``done_bytes`` of the files'
+        ``total_bytes`` (None when unknown: standard input) read and processed, ``requests``
+        requests so far, ``step`` what is being done to them now (reading, tokenizing,
+        replaying)."""
+
 
 class NoProgress:
     """Reports nothing."""
@@ -20,4 +26,7 @@ class NoProgress:
         pass
 
     def advance(self, units: int) -> None:
+        pass
+
+    def input(self, step: str, done_bytes: int, total_bytes: int | None, requests: int) -> None:
         pass

@@ -172,8 +172,7 @@ def replay_log(
     trie = PrefixTrie()
     chunks: list[dict[str, ReplayResult]] = []
     tables: list[LogTable] = []
-    for log in chain([sample, following], rest):
-        (progress or NoProgress()).stage("replaying (streamed)", None)
+    for log in chain([sample, following], rest):  # the input's progress bar follows the chunks
         chunks.append(_fed(pool, trie, log.workload, model_labels(log.requests["model"])))
         tables.append(_rows_only(log))
     results = {name: concatenated([chunk[name] for chunk in chunks]) for name in chunks[0]}
@@ -197,7 +196,8 @@ def replay_all(
     progress = progress or NoProgress()
     pool = CachePool(settings, settings.engines, router, caches)
     trie = PrefixTrie()
-    progress.stage("replaying", (len(pool.engines) + 1) * int(workload.prompt_offsets[-1]))
+    tokens = int(workload.prompt_offsets[-1])
+    progress.stage("replaying (tokens × caches)", (len(pool.engines) + 1) * tokens)
     return Replays.of(_fed(pool, trie, workload, models, progress.advance), trie.nodes)
 
 

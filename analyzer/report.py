@@ -67,17 +67,25 @@ class PrefixSummary:
     namespace: str
     # Identifies a template across runs (hash of its first tokens and namespace) for `compare`.
     fingerprint: str
-    padding: int
+    padding: int  # tokens that would align it to a block
     recompute_saved_per_request: int
     snippet: str | None
+    # Recomputed tokens that padding it saves on the diagnosed requests, by replay (the padding's
+    # own tokens count against it); None when it was not replayed (aligned, or too few requests).
+    padding_saves: int | None = None
+    # The template it is a variant of (prefixes with the same first tokens, in any namespace),
+    # numbered from 0 in the order the report lists them.
+    template: int = 0
 
 
 @dataclass(frozen=True)
 class Recommendation:
     kind: str
-    summary: str
+    summary: str  # the fix and its measured effect on the engines it helps
     details: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] | None = None
+    why: str = ""  # one line: why it recovers tokens (and what it costs)
+    engines: list[str] = field(default_factory=list)  # the engines it saves tokens on
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -359,19 +361,60 @@ def _fast_encoding(source: bytes, digest: str, backend: Any) -> tuple[FastEncodi
     return _FAST[digest]
 
 
-def _from_hub(repo_id: str, fast: bool) -> HuggingFaceTokenizer:
-    """Download a hub model's tokenizer (only when the user names one)."""
-    try:
-        from huggingface_hub import hf_hub_download
+# Seconds to wait for the hub's host before calling it unreachable.
+HUB_CONNECT_TIMEOUT_S = 3.0
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
-        tokenizer_json = Path(hf_hub_download(repo_id, "tokenizer.json"))
-        config_json = Path(hf_hub_download(repo_id, "tokenizer_config.json"))
+
+def _from_hub(repo_id: str, fast: bool) -> HuggingFaceTokenizer:
+    """A hub model's tokenizer (only when the user names one): from the local hub cache when it
+    is there (no network), else downloaded, failing at once, not after huggingface_hub's retries,
+    when the hub is offline (``HF_HUB_OFFLINE``) or cannot be reached."""
+    try:
+        from huggingface_hub import constants, hf_hub_download
+    except ImportError:  # pragma: no cover (a dependency of tokenizers)
+        raise PrefixcheckError(f"{repo_id}: hub names need huggingface_hub installed") from None
+    files = ("tokenizer.json", "tokenizer_config.json")
+    try:
+        tokenizer_json, config_json = (
+            Path(hf_hub_download(repo_id, name, local_files_only=True)) for name in files
+        )
+        return _from_files(tokenizer_json, config_json, repo_id, fast)
+    except PrefixcheckError:
+        raise
+    except Exception:  # not in the local hub cache (huggingface_hub's LocalEntryNotFoundError)
+        pass
+    offline = (
+        "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
+    )
+    if offline:
+        raise PrefixcheckError(
+            f"{repo_id}: not a local file or folder nor in the hub cache, and {offline}; pass a "
+            "tokenizer.json or a model folder (huggingface-cli download "
+            f"{repo_id} tokenizer.json tokenizer_config.json)"
+        )
+    try:
+        tokenizer_json, config_json = (Path(hf_hub_download(repo_id, name)) for name in files)
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PrefixcheckError(
             f"{repo_id}: not a local file or folder, and the hub download failed ({reason})"
         ) from None
     return _from_files(tokenizer_json, config_json, repo_id, fast)
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why the hub's host cannot be reached (None when it can, or a proxy stands between)."""
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    url = urlsplit(endpoint)
+    host = url.hostname or ""
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"{host}:{port} cannot be reached ({exc.strerror or exc})"
+    return None
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from analyzer.compare import Comparison, compare_reports, load_report
 from analyzer.errors import PrefixcheckError
-from cli.common import EXIT_GATE_FAILED, fail, write_text
+from cli.common import EXIT_GATE_FAILED, fail, to_stdout, write_text
 
 
 def compare_command(
@@ -34,7 +34,7 @@ def compare_command(
     ] = None,
 ) -> None:
     """Compare two `analyze --json` reports: hit rates, losses, and templates that changed."""
-    console, errors = Console(), Console(stderr=True)
+    console, errors = Console(stderr=to_stdout(json_path, markdown_path)), Console(stderr=True)
     try:
         comparison = compare_reports(load_report(base), load_report(head), engine)
         if json_path is not None:

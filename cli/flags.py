@@ -14,6 +14,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,9 @@ from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.executors import ExecutorName, ExecutorOptions
 from analyzer.fleet_run import is_fleet_fix
-from analyzer.gates import LossLimit
+from analyzer.gates import LossLimit, parse_rate
 from analyzer.ingest import IngestOptions
+from analyzer.measure.estimate import KV_DTYPE_BYTES
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS, preset
 from analyzer.pipeline import DEFAULT_SAMPLE_TOKENS
 from analyzer.replay import ReplaySettings
@@ -40,7 +42,7 @@ from cache_models.defaults import (
     sglang_chunked_prefill_size,
     vllm_max_num_batched_tokens,
 )
-from cli.common import fail
+from cli.common import STDOUT, fail, to_stdout
 from cli.fleet_flags import FleetFlags
 from cli.inputs import (
     Cache,
@@ -69,8 +71,9 @@ GateEngine = Literal["vllm", "sglang", "both"]
 
 
 def writable(path: Path | None, flag: str) -> None:
-    """Whether ``path`` can be written (checked before the run, not after it)."""
-    if path is None:
+    """Whether ``path`` can be written (checked before the run, not after it); ``-`` is standard
+    output."""
+    if path is None or path == STDOUT:
         return
     if path.is_dir():
         raise PrefixcheckError(f"{flag} {path}: is a folder")
@@ -116,14 +119,33 @@ class CacheFlags:
     block_size: Annotated[int, typer.Option(min=1, help="vLLM --block-size.")] = 16
     page_size: Annotated[int, typer.Option(min=1, help="SGLang --page-size.")] = 1
     capacity_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Usable KV capacity in tokens (default: unbounded).")
+        int | None,
+        typer.Option(
+            "--capacity-tokens",
+            "--max-total-tokens",
+            min=1,
+            help="Usable KV capacity in tokens, SGLang's --max-total-tokens (default: unbounded).",
+        ),
+    ] = None
+    kv_cache_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-cache-memory-bytes",
+            "--kv-cache-memory",
+            metavar="BYTES",
+            help="Usable KV capacity in bytes, as vLLM's --kv-cache-memory-bytes (80GiB, 8e10), "
+            "in tokens of the --model-preset shape; instead of --capacity-tokens.",
+        ),
     ] = None
     eviction_policy: Annotated[
         SglangEvictionPolicy,
         typer.Option(
+            "--eviction-policy",
+            "--radix-eviction-policy",
+            metavar="POLICY",
             help=f"SGLang --radix-eviction-policy: {', '.join(SGLANG_SERVER_EVICTION_POLICIES)} "
             "(tlru needs --radix-eviction-policy-config); fifo, mru and filo are what-ifs only, "
-            "not options SGLang's server accepts."
+            "not options SGLang's server accepts.",
         ),
     ] = "lru"
     radix_eviction_policy_config: Annotated[
@@ -142,13 +164,34 @@ class CacheFlags:
             eviction_policy_params(self.eviction_policy, self.radix_eviction_policy_config),
         )
 
-    def settings(self, scheduler: SchedulerFlags | None = None) -> ReplaySettings:
+    def capacity(self, model_preset: str | None = None) -> int | None:
+        """The capacity in tokens: --capacity-tokens, or --kv-cache-memory-bytes over the KV
+        bytes per token of the model shape (bf16 KV)."""
+        if self.kv_cache_memory is None:
+            return self.capacity_tokens
+        if self.capacity_tokens is not None:
+            raise PrefixcheckError(
+                "--capacity-tokens and --kv-cache-memory-bytes both set the KV capacity: give one"
+            )
+        shape = preset(model_preset or DEFAULT_ESTIMATE_PRESET)
+        per_token = shape.kv_bytes_per_token(KV_DTYPE_BYTES)
+        tokens = parse_bytes(self.kv_cache_memory, "--kv-cache-memory-bytes") // per_token
+        if tokens < 1:
+            raise PrefixcheckError(
+                f"--kv-cache-memory-bytes {self.kv_cache_memory}: less than one token of KV on "
+                f"{shape.name} ({per_token:,} bytes per token)"
+            )
+        return tokens
+
+    def settings(
+        self, scheduler: SchedulerFlags | None = None, model_preset: str | None = None
+    ) -> ReplaySettings:
         """The replay settings of these flags (and the scheduler's), checked as the engines
         check theirs (a block or page fits the capacity)."""
         settings = ReplaySettings(
             block_size=self.block_size,
             page_size=self.page_size,
-            capacity_tokens=self.capacity_tokens,
+            capacity_tokens=self.capacity(model_preset),
             eviction_policy=self.eviction_policy,
             **self.policy_params,
             **(scheduler.settings() if scheduler else {}),
@@ -250,9 +293,13 @@ class SchedulerFlags:
     concurrency: Annotated[
         int | None,
         typer.Option(
+            "--concurrency",
+            "--max-num-seqs",
+            "--max-running-requests",
             min=1,
-            help="Requests in flight: vLLM's lock-step scheduling (default 1, sequential; "
-            f"{DEFAULT_TIMED_CONCURRENCY} with --replay-in-time).",
+            help="Requests in flight, vLLM's --max-num-seqs, SGLang's --max-running-requests: "
+            f"lock-step scheduling (default 1, sequential; {DEFAULT_TIMED_CONCURRENCY} with "
+            "--replay-in-time).",
         ),
     ] = None
     replay_in_time: Annotated[
@@ -360,9 +407,9 @@ class DiagnoseFlags:
 class OutputFlags:
     """The files a run writes (analyze); each checked writable before the run."""
 
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON.")] = (
-        None
-    )
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the report as JSON (-: standard output).")
+    ] = None
     markdown_path: Annotated[
         Path | None, typer.Option("--markdown", help="Write a Markdown summary (PR comments).")
     ] = None
@@ -377,14 +424,25 @@ class OutputFlags:
     ] = None
 
     def __post_init__(self) -> None:
-        for name, flag in (
+        outputs = (
             ("json_path", "--json"),
             ("markdown_path", "--markdown"),
             ("junit_path", "--junit"),
             ("per_request", "--per-request"),
             ("html_path", "--html"),
-        ):
+        )
+        for name, flag in outputs:
             writable(getattr(self, name), flag)
+        if self.per_request == STDOUT:
+            raise PrefixcheckError("--per-request -: write the table to a .jsonl, .csv or .parquet")
+        dashed = [flag for name, flag in outputs if getattr(self, name) == STDOUT]
+        if len(dashed) > 1:
+            raise PrefixcheckError(f"{' and '.join(dashed)} both write to standard output (-)")
+
+    @property
+    def to_stdout(self) -> bool:
+        """Whether a report goes to standard output (``--json -``): then nothing else does."""
+        return to_stdout(self.json_path, self.markdown_path, self.junit_path, self.html_path)
 
 
 @dataclass(frozen=True)
@@ -392,8 +450,11 @@ class GateFlags:
     """CI gates (analyze)."""
 
     fail_under: Annotated[
-        float | None,
-        typer.Option(min=0.0, max=1.0, help="Gate: exit 1 when a token hit rate is below RATE."),
+        str | None,
+        typer.Option(
+            metavar="RATE",
+            help="Gate: exit 1 when a token hit rate is below RATE (0.7, 70 or 70%).",
+        ),
     ] = None
     max_loss: Annotated[
         list[str] | None,
@@ -401,9 +462,12 @@ class GateFlags:
     ] = None
     engine: Annotated[GateEngine, typer.Option(help="Engines the gates check.")] = "both"
     limits: tuple[LossLimit, ...] = field(init=False, repr=False)
+    rate: float | None = field(init=False, repr=False)  # --fail-under as a share
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "limits", tuple(LossLimit.parse(t) for t in self.max_loss or ()))
+        rate = None if self.fail_under is None else parse_rate(str(self.fail_under))
+        object.__setattr__(self, "rate", rate)
 
 
 @dataclass(frozen=True)
@@ -481,3 +545,23 @@ def flag_groups(command: F) -> F:
     run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in parameters}
     return typing.cast(F, run)
+
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20}
+UNITS |= {"g": 2**30, "t": 2**40}
+
+
+def parse_bytes(text: str, flag: str) -> int:
+    """``80GiB``, ``80G`` (binary, as GPU memory is counted), ``80GB`` (decimal), ``8e10``."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        if match is None or unit not in UNITS:
+            raise ValueError(text)
+        value = float(match.group(1)) * UNITS[unit]
+    except ValueError:
+        raise PrefixcheckError(f"{flag} {text!r}: expected bytes, e.g. 80GiB or 8e10") from None
+    if value <= 0:
+        raise PrefixcheckError(f"{flag} {text!r}: must be positive")
+    return int(value)

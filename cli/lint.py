@@ -14,9 +14,9 @@ from rich.table import Table
 
 from analyzer.chat import chat_renderer
 from analyzer.errors import PrefixcheckError
-from analyzer.lint import TemplateLint, lint_templates, template_files
+from analyzer.lint import TemplateLint, lint_templates, summary, template_files
 from analyzer.tokenizer import load_tokenizer
-from cli.common import EXIT_GATE_FAILED, fail, write_text
+from cli.common import EXIT_BAD_INPUT, EXIT_GATE_FAILED, fail, to_stdout, write_text
 
 
 def lint_command(
@@ -39,7 +39,7 @@ def lint_command(
     ] = None,
 ) -> None:
     """Token length, block alignment and dynamic placeholders of prompt templates."""
-    console, errors = Console(), Console(stderr=True)
+    console, errors = Console(stderr=to_stdout(json_path, junit_path)), Console(stderr=True)
     try:
         files = template_files(paths)
         loaded = load_tokenizer(tokenizer)
@@ -63,6 +63,9 @@ def lint_command(
                 highlight=False,
             )
             failing |= finding.severity == "error" or warnings_as_errors
+    console.print(summary(results), highlight=False)
+    if any(f.rule == "PC000" for r in results for f in r.findings):
+        raise typer.Exit(EXIT_BAD_INPUT)  # a file could not be read: bad input, after the rest
     if failing:
         raise typer.Exit(EXIT_GATE_FAILED)
 
@@ -74,6 +77,9 @@ def _table(results: list[TemplateLint], block_size: int) -> Table:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("placeholder")
     for r in results:
+        if any(f.rule == "PC000" for f in r.findings):  # not read: nothing to measure
+            table.add_row(r.path, "-", "-", "-", "-", "-")
+            continue
         table.add_row(
             r.path,
             f"{r.prompt_tokens:,}",

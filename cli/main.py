@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
 
@@ -15,11 +17,12 @@ from analyzer.errors import PrefixcheckError
 from analyzer.executors import make_executor
 from analyzer.export import write_table
 from analyzer.gates import evaluate_gates
+from analyzer.kernels import watch_compilation
 from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.report import report_schema
-from cli.common import EXIT_GATE_FAILED, fail, write_text
+from cli.common import EXIT_GATE_FAILED, Command, fail, write_text
 from cli.compare import compare_command
 from cli.config import default_map, find_config
 from cli.export_trace import export_trace_command
@@ -45,12 +48,31 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Replay LLM prompt logs through vLLM's and SGLang's prefix caches and explain the hits.",
+    # Plain help, as vllm serve and sglang's launch_server print theirs: it wraps long flag names
+    # onto their own line instead of cutting them at 80 columns, as rich's panels do.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"prefixcheck {package_version('prefixcheck')}")
+        raise typer.Exit()
 
 
 @app.callback()
 def _root(
     ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -70,21 +92,21 @@ def _root(
         fail(Console(stderr=True), str(exc))
 
 
-app.command("compare")(compare_command)
+app.command("compare", cls=Command)(compare_command)
 
 
-@app.command("schema")
+@app.command("schema", cls=Command)
 def schema_command() -> None:
     """Print the JSON Schema of `analyze --json` reports."""
     print(json.dumps(report_schema(), indent=2))
 
 
-app.command("lint")(lint_command)
-app.command("measure")(measure_command)
-app.command("export-trace")(export_trace_command)
+app.command("lint", cls=Command)(lint_command)
+app.command("measure", cls=Command)(measure_command)
+app.command("export-trace", cls=Command)(export_trace_command)
 
 
-@app.command("analyze")
+@app.command("analyze", cls=Command)
 @flag_groups
 def analyze_command(
     files: Files,
@@ -104,10 +126,11 @@ def analyze_command(
     """Replay a prompt log through both engines' prefix caches and report the hits."""
     console = Console()
     errors = Console(stderr=True)
+    quiet = quiet or outputs.to_stdout  # standard output holds the JSON (or Markdown...) alone
     try:
         options = AnalyzeOptions(
             ingest=read.ingest,
-            settings=cache.settings(scheduler),
+            settings=cache.settings(scheduler, diagnose.model_preset),
             top_prefixes=diagnose.top,
             redact=diagnose.redact,
             what_if=diagnose.specs,
@@ -119,21 +142,26 @@ def analyze_command(
         measure_with = (
             measurer(MeasureOptions(model_preset=diagnose.model_preset)) if measure else None
         )
-        with RichProgress(errors, enabled=errors.is_terminal and not quiet) as progress:
+        with (
+            RichProgress(
+                errors, enabled=errors.is_terminal and not quiet, announce=not quiet
+            ) as progress,
+            watch_compilation(progress.compiling, progress.compiled),
+        ):
             result = analyze(files, options, progress, make_executor(run_on.options))
             if measure_with is not None:
                 measured = measure_with(result, progress)
                 result = replace(result, report=replace(result.report, measurement=measured))
         report = result.report.to_dict()
         checked = evaluate_gates(
-            report, fail_under=gates.fail_under, max_losses=gates.limits, engine=gates.engine
+            report, fail_under=gates.rate, max_losses=gates.limits, engine=gates.engine
         )
         if outputs.json_path is not None:
             write_text(outputs.json_path, json.dumps(report, indent=2) + "\n")
         if outputs.markdown_path is not None:
             write_text(outputs.markdown_path, markdown(report, checked))
         if outputs.html_path is not None:
-            write_text(outputs.html_path, html_report(report))
+            write_text(outputs.html_path, html_report(report, checked))
         if outputs.junit_path is not None:
             write_text(outputs.junit_path, junit_xml(report, checked))
         if outputs.per_request is not None:
@@ -144,8 +172,8 @@ def analyze_command(
     if not quiet:
         render_report(result.report, console)
         render_gates(checked, console)
-    for line in annotations:
-        print(line)
+    for line in annotations:  # on stderr when stdout holds a report (the runner reads both)
+        print(line, file=sys.stderr if outputs.to_stdout else sys.stdout)
     failed = [gate for gate in checked if not gate.passed]
     for gate in failed:
         errors.print(

@@ -14,7 +14,7 @@ from analyzer.measure import MeasureOptions, measurer
 from analyzer.measure.presets import DEFAULT_ESTIMATE_PRESET, PRESETS
 from analyzer.measure.result import Measurement
 from analyzer.pipeline import AnalyzeOptions, analyze
-from cli.common import EXIT_GATE_FAILED, fail, write_text
+from cli.common import EXIT_GATE_FAILED, fail, to_stdout, write_text
 from cli.flags import CacheFlags, ReadFlags, flag_groups, writable
 from cli.inputs import Files
 from cli.progress import RichProgress
@@ -56,12 +56,12 @@ def measure_command(
     quiet: Annotated[bool, typer.Option(help="No terminal report.")] = False,
 ) -> None:
     """Time prefills of sampled requests with and without each engine's cached prefix."""
-    console, errors = Console(), Console(stderr=True)
+    console, errors = Console(stderr=to_stdout(json_path)), Console(stderr=True)
     try:
         writable(json_path, "--json")
         options = AnalyzeOptions(
             ingest=read.ingest,
-            settings=cache.settings(),
+            settings=cache.settings(model_preset=model_preset),
             model_preset=model_preset or DEFAULT_ESTIMATE_PRESET,
         )
     except PrefixcheckError as exc:

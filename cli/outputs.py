@@ -58,19 +58,32 @@ def markdown(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
         block = report.get("block_size", 16)
         lines += [
             "",
-            f"| shared prefix | tokens | % {block} | requests | pad |",
+            f"| shared prefix (one row per template) | tokens | % {block} | requests | pad |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
+        seen: set[int] = set()
         for prefix in prefixes:
+            template = prefix.get("template")
+            if template is not None and template in seen:
+                continue  # a variant of a template above
+            seen.add(template)
             snippet = _escape(prefix.get("snippet") or "(redacted)")
             lines.append(
                 f"| `{snippet}` | {prefix['tokens']:,} | {prefix['remainder']} "
-                f"| {prefix['requests']:,} | {prefix['padding']} |"
+                f"| {prefix['requests']:,} | {_pad(prefix)} |"
             )
+        lines += [
+            "",
+            f"% {block}: tokens past the last full block (recomputed by every request on vLLM); "
+            "pad: tokens that align it, where the replay measured a saving.",
+        ]
     recommendations = report.get("recommendations") or []
     if recommendations:
         lines += ["", "**Recommendations**" + (" (measured on the sample)" if sampled else ""), ""]
-        lines += [f"- {_escape(item['summary'])}" for item in recommendations]
+        for item in recommendations:
+            lines.append(f"- {_escape(item['summary'])}")
+            if item.get("why"):
+                lines.append(f"  *why: {_escape(item['why'])}*")
     return "\n".join(lines) + "\n"
 
 
@@ -149,6 +162,12 @@ def publish_to_github(report: dict[str, Any], gates: Sequence[GateResult]) -> li
                 f"{summary_path}: cannot write the step summary: {exc}"
             ) from None
     return github_warnings(report) + github_annotations(gates)
+
+
+def _pad(prefix: dict[str, Any]) -> str:
+    if not prefix["padding"]:
+        return "0"
+    return f"+{prefix['padding']}" if (prefix.get("padding_saves") or 0) > 0 else "-"
 
 
 def _loss_cell(entry: Any) -> str:

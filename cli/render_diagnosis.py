@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -13,26 +13,48 @@ from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.model import Diagnosis
 from analyzer.report import DiagnosisScope
+from analyzer.units import binary_bytes
 
 CURVE_ROWS = 10
+WIDE_CONSOLE = 120  # consoles at least this wide show example values in the table
 EIGHTHS = " ▏▎▍▌▋▊▉"
 LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 STYLES = {"vllm": "cyan", "sglang": "magenta"}
 
 
-def render_diagnosis(diagnosis: Diagnosis, scope: DiagnosisScope, console: Console) -> None:
-    """Every table with its shares over ``scope`` (the sample when streamed), said beside it."""
-    tables = [_losses(diagnosis, scope)]
-    if diagnosis.dynamic_content:
-        tables.append(_dynamic(diagnosis))
+def render_diagnosis(
+    diagnosis: Diagnosis,
+    scope: DiagnosisScope,
+    console: Console,
+    *,
+    kv_bytes_per_token: int | None = None,
+    model: str | None = None,
+) -> None:
+    """The detail of the diagnosis, each table with its shares over ``scope`` (the sample when
+    streamed), said beside it: dynamic values, the capacity curve (in tokens, and KV bytes on
+    ``model``), block sizes, what-ifs. Its losses table goes with the verdict's evidence
+    (``losses_table``)."""
     width = max(8, (console.width - 22) // 2 - 9)  # two engines, a label and a rate each
+    if diagnosis.dynamic_content:
+        wide = console.width >= WIDE_CONSOLE
+        table, examples = _dynamic(diagnosis, wide)
+        console.print(with_scope(table, scope))
+        if examples is not None:
+            console.print(examples)
+    tables = []
     if any(curve.points for curve in diagnosis.capacity_curves.values()):
-        tables.append(_capacity_chart(diagnosis, scope, width))
+        bars = max(8, width - (5 if kv_bytes_per_token else 0))
+        tables.append(_capacity_chart(diagnosis, scope, bars, kv_bytes_per_token, model))
     tables.append(_size_chart(diagnosis, scope, width))
     if diagnosis.what_if:
         tables.append(_what_if(diagnosis))
     for table in tables:
         console.print(with_scope(table, scope))
+
+
+def losses_table(diagnosis: Diagnosis, scope: DiagnosisScope) -> Table:
+    """Recomputed prompt tokens by cause, its shares over ``scope`` (said when a sample)."""
+    return with_scope(_losses(diagnosis, scope), scope)
 
 
 def with_scope(table: Table, scope: DiagnosisScope) -> Table:
@@ -71,56 +93,81 @@ def _losses(diagnosis: Diagnosis, scope: DiagnosisScope) -> Table:
         total = sum(losses.tokens.values())
         totals += [f"{total:,}", f"{scope.share(total):.1%}" if scope.prompt_tokens else "-"]
     table.add_row(Text("recomputed (prompt − hit)", style="bold"), *totals, style="bold")
-    table.caption = "Causes add up to each engine's recomputed tokens (see loss_definitions)."
+    table.caption = (
+        "share: of prompt tokens. Causes add up to each engine's recomputed tokens "
+        "(loss_definitions in the JSON)."
+    )
     table.caption_justify = "left"
     return table
 
 
-def _dynamic(diagnosis: Diagnosis) -> Table:
+def _dynamic(diagnosis: Diagnosis, wide: bool) -> tuple[Table, Group | None]:
+    """The sites; their example values in a column on a wide console, else below the table,
+    one numbered line each (wrapped, never cut)."""
     table = Table(title="Dynamic content before shared text", box=box.SIMPLE, title_justify="left")
-    for header in ("token", "kind", "requests", "value", "static after", "lost"):
+    headers = ("token", "kind", "requests", "value", "static after", "lost")
+    for header in headers if wide else ("#", *headers):
         table.add_column(header, justify="right" if header != "kind" else "left", no_wrap=True)
-    table.add_column("examples")  # shrinks first; each cell stays one truncated line
-    for site in diagnosis.dynamic_content:
-        joined = "(redacted)" if site.examples is None else " | ".join(site.examples)
-        examples = Text(joined, no_wrap=True, overflow="ellipsis")
-        table.add_row(
+    if wide:
+        table.add_column("examples", overflow="fold")
+    examples = Table.grid(padding=(0, 1))
+    examples.add_column(justify="right")
+    examples.add_column(overflow="fold")
+    for number, site in enumerate(diagnosis.dynamic_content, 1):
+        joined = Text("(redacted)" if site.examples is None else " | ".join(site.examples))
+        cells = [
             str(site.position),
             site.kind,
             f"{site.requests:,}",
             f"{site.value_tokens}",
             f"{site.static_tokens_after:,}",
             f"{site.lost_tokens:,}",
-            examples,
-        )
-    return table
+        ]
+        if wide:
+            table.add_row(*cells, joined)
+        else:
+            table.add_row(str(number), *cells)
+            examples.add_row(str(number), joined)
+    table.caption = (
+        "token: where the value starts; value: its longest length in tokens; static after: the "
+        "shared tokens it keeps from being reused; lost: the dynamic content loss it causes."
+    )
+    table.caption_justify = "left"
+    return table, None if wide else Group(examples, Text())
 
 
-def _capacity_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> Table:
+def _capacity_chart(
+    diagnosis: Diagnosis,
+    scope: DiagnosisScope,
+    width: int,
+    kv_bytes_per_token: int | None,
+    model: str | None,
+) -> Table:
     curves = diagnosis.capacity_curves
     table = Table(
-        title="Hit rate against KV capacity (LRU, one pass)", box=box.SIMPLE, title_justify="left"
+        title="Token hit rate against KV capacity (LRU, one pass)",
+        box=box.SIMPLE,
+        title_justify="left",
     )
-    table.add_column("capacity", justify="right")
+    table.add_column("capacity\n(tokens)", justify="right", no_wrap=True)
+    if kv_bytes_per_token:
+        table.add_column(f"KV on\n{model}", justify="right", no_wrap=True)
     for engine in curves:
         table.add_column(LABELS[engine])
     for capacity in _chart_capacities(curves):
         cells = []
         for engine, curve in curves.items():
             cells.append(bar(scope.share(_hits_at(curve, capacity)), width, STYLES[engine]))
-        table.add_row(f"{capacity:,}", *cells)
-    checks = []
-    for engine, curve in curves.items():
-        error = curve.max_abs_error(scope.prompt_tokens)
-        checks.append(f"{LABELS[engine]} ±{error:.1%} vs replays")
-        for point in curve.checks:
-            if point.belady_hit_tokens is not None and scope.prompt_tokens:
-                checks.append(
-                    f"{LABELS[engine]} at {point.capacity_tokens:,}: LRU "
-                    f"{scope.share(point.replay_hit_tokens or 0):.1%}, Belady bound "
-                    f"{scope.share(point.belady_hit_tokens):.1%}"
-                )
-    table.caption = "; ".join(checks)
+        kv = [binary_bytes(capacity * kv_bytes_per_token)] if kv_bytes_per_token else []
+        table.add_row(f"{capacity:,}", *kv, *cells)
+    errors = ", ".join(
+        f"{LABELS[engine]} ±{curve.max_abs_error(scope.prompt_tokens):.1%}"
+        for engine, curve in curves.items()
+    )
+    table.caption = (
+        f"The curve against full replays at a few capacities: {errors} of prompt tokens at most. "
+        "The Belady bound at the configured capacity is a row of the hits table."
+    )
     table.caption_justify = "left"
     return table
 

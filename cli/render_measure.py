@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from rich import box
 from rich.console import Console, Group
 from rich.table import Table
@@ -66,39 +67,50 @@ def _header(m: Measurement) -> Text:
     )
 
 
+QUARTILES = 4
+
+
 def _requests(m: Measurement) -> Table:
-    """One row per measured request; two-line headers so that it fits an 80-column terminal."""
-    files = {row.file for row in m.measurements}
-    single_file = len(files) == 1
-    title = "Sampled requests (ms)" + (f", lines of {next(iter(files))}" if single_file else "")
-    table = Table(box=box.SIMPLE, title=title, title_justify="left")
-    first = "line" if single_file else "request"
-    table.add_column(first, justify="right", overflow="fold", min_width=len(first))
-    for header in ("prompt", "full", "spread"):
-        table.add_column(header, justify="right", no_wrap=True)
+    """The sampled requests in prompt-length quartiles, medians per row (every request is in the
+    JSON's ``measurements``); two-line headers so that it fits an 80-column terminal."""
+    rows = sorted(m.measurements, key=lambda row: row.prompt_tokens)
+    groups = [list(part) for part in np.array_split(np.arange(len(rows)), QUARTILES) if len(part)]
+    table = Table(
+        box=box.SIMPLE,
+        title=f"Sampled requests by prompt length (medians, ms; {len(rows)} requests)",
+        title_justify="left",
+    )
+    table.add_column("prompt\ntokens", justify="right", no_wrap=True)
+    table.add_column("re-\nquests", justify="right", no_wrap=True)
+    table.add_column("full", justify="right", no_wrap=True)
     engines = list(m.measurements[0].engines)
     for engine in engines:
         label = ENGINE_LABELS.get(engine, engine)
         table.add_column(f"{label}\nhit", justify="right", no_wrap=True)
         table.add_column(f"{label}\ncached", justify="right", no_wrap=True)
     table.add_column("max\n|Δlogit|", justify="right", no_wrap=True)
-    for row in m.measurements:
+    for group in groups:
+        chosen = [rows[i] for i in group]
+        lengths = [row.prompt_tokens for row in chosen]
         cells = [
-            str(row.line) if single_file else f"{row.file}:{row.line}",
-            f"{row.prompt_tokens:,}",
-            f"{row.full_ms:.2f}",
-            f"{row.full_ms_min:.2f}–{row.full_ms_max:.2f}",
+            f"{min(lengths):,}–{max(lengths):,}"
+            if min(lengths) != max(lengths)
+            else f"{lengths[0]:,}",
+            str(len(chosen)),
+            f"{np.median([row.full_ms for row in chosen]):.2f}",
         ]
         for engine in engines:
-            item = row.engines[engine]
-            cells += [f"{item.hit_tokens:,}", f"{item.cached_ms:.2f}"]
-        worst = max(row.engines.values(), key=lambda e: e.logits_max_abs_diff)
-        cells.append(
-            Text(
-                f"{worst.logits_max_abs_diff:.1e}",
-                style=None if worst.logits_match else "bold red",
-            )
+            items = [row.engines[engine] for row in chosen]
+            cells += [
+                f"{np.median([item.hit_tokens for item in items]):,.0f}",
+                f"{np.median([item.cached_ms for item in items]):.2f}",
+            ]
+        worst = max(
+            (item for row in chosen for item in row.engines.values()),
+            key=lambda item: item.logits_max_abs_diff,
         )
+        style = None if worst.logits_match else "bold red"
+        cells.append(Text(f"{worst.logits_max_abs_diff:.1e}", style=style))
         table.add_row(*cells)
     fit = m.fit
     table.caption = (

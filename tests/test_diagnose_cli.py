@@ -110,7 +110,7 @@ def test_html_report_is_self_contained(example: dict) -> None:
     assert html.count("<svg") == 3
     assert re.findall(r"(?:src|href)\s*=|url\(|<link|<script|<img", html) == []
     assert "Recomputed prompt tokens by cause" in html
-    assert "Hit rate against KV capacity" in html
+    assert "Token hit rate against KV capacity" in html
 
 
 def test_terminal_shows_losses_and_charts(example: dict) -> None:
@@ -118,7 +118,7 @@ def test_terminal_shows_losses_and_charts(example: dict) -> None:
     for title in (
         "Recomputed prompt tokens by cause",
         "Dynamic content before shared text",
-        "Hit rate against KV capacity",
+        "Token hit rate against KV capacity",
         "Hit rate against block size",
     ):
         assert title in output

@@ -111,3 +111,63 @@ def test_recognises_common_kinds(
         assert found is None
     else:
         assert found == (kind, text.index(starts_at))
+
+
+def _chats(questions: list[str], suffix: str, follow_up: bool) -> list[dict]:
+    system = "You are the help desk of a parcel carrier. Answer briefly, citing the handbook. " * 2
+    rows = []
+    for question in questions:
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question + suffix},
+        ]
+        rows.append({"messages": messages})
+        if follow_up:
+            rows.append(
+                {
+                    "messages": [
+                        *messages,
+                        {"role": "assistant", "content": "Let me look that up in the handbook."},
+                        {
+                            "role": "user",
+                            "content": "Please sum that up in one sentence and "
+                            "name the handbook section you used for it.",
+                        },
+                    ]
+                }
+            )
+    return rows
+
+
+def test_a_users_own_question_is_not_dynamic_content(tmp_path) -> None:
+    """Questions that differ, then the same follow-up turn: the question is the conversation,
+    not a value a template put before shared text. The same questions before fixed instructions
+    in the same message are (moving them after the instructions is a fix)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    questions = [
+        "How do I reset my password?",
+        "What is the refund policy?",
+        "Can I change my shipping address?",
+        "Where is my parcel now?",
+    ] * 25
+    instructions = (
+        "\n\nAnswer in one short paragraph, in plain words, and end with the number of the "
+        "handbook section you used."
+    )
+    found = {}
+    for name, suffix, follow_up in (("turns", "", True), ("instructions", instructions, False)):
+        log = tmp_path / f"{name}.jsonl"
+        log.write_text("".join(json.dumps(r) + "\n" for r in _chats(questions, suffix, follow_up)))
+        out = tmp_path / f"{name}.json"
+        result = CliRunner().invoke(app, ["analyze", str(log), "--json", str(out), "--quiet"])
+        assert result.exit_code == 0, result.output
+        found[name] = json.loads(out.read_text())
+    assert found["turns"]["dynamic_content"] == []
+    assert found["turns"]["losses"]["vllm"]["dynamic_content"]["tokens"] == 0
+    [site] = found["instructions"]["dynamic_content"]
+    assert site["kind"] == "text" and site["requests"] == len(questions)

@@ -128,3 +128,40 @@ def test_padding_goes_at_the_end_of_the_system_message(tmp_path: Path) -> None:
     head = tokenizer.encode_batch(["<|im_start|>system\n" + SYSTEM], add_special_tokens=False)[0]
     assert prefix["insert_at_token"] == len(head) < prefix["prefix_tokens"]
     assert (prefix["prefix_tokens"] + prefix["padding_tokens"]) % 16 == 0
+
+
+def test_move_dynamic_and_reorder_parts_combine(tmp_path: Path) -> None:
+    """The combined what-if is reordering, then moving the values found in the reordered log: the
+    same as moving them in a log written with the tools in order."""
+    rng = random.Random(8)
+    orders = [rng.sample(range(len(TOOLS)), len(TOOLS)) for _ in range(3)]
+    chosen = [orders[0] if rng.random() < 0.5 else rng.choice(orders) for _ in range(60)]
+    bodies = [
+        {
+            "messages": [
+                {
+                    "role": "system",
+                    "content": f"Now: 2026-11-02T09:{i // 60:02d}:{i % 60:02d}Z. {SYSTEM}",
+                },
+                {"role": "user", "content": question(rng)},
+            ],
+            "tools": [TOOLS[i] for i in order],
+        }
+        for i, order in enumerate(chosen)
+    ]
+    both = "move-dynamic+reorder-parts"
+    flags = ["--what-if", "move-dynamic", "--what-if", "reorder-parts", "--what-if", both]
+    report = analyze(write(tmp_path / "mixed.jsonl", bodies), *flags)
+    saved = {
+        item["name"]: item["measured"]["vllm"]["recomputed_tokens_saved"]
+        for item in report["what_if"]
+    }
+    assert saved[both] > max(saved["move-dynamic"], saved["reorder-parts"]) > 0
+    common = Counter(tuple(order) for order in chosen).most_common(1)[0][0]
+    for body in bodies:
+        body["tools"] = [TOOLS[i] for i in common]
+    ordered = analyze(write(tmp_path / "ordered.jsonl", bodies), "--what-if", "move-dynamic")
+    [moved] = ordered["what_if"]
+    [combined] = [item for item in report["what_if"] if item["name"] == both]
+    for engine, gain in combined["measured"].items():
+        assert gain["hit_tokens_after"] == moved["measured"][engine]["hit_tokens_after"]

@@ -21,11 +21,11 @@ EXAMPLE = ROOT / "examples" / "chat_logs.jsonl"
     [
         (["--what-if", "pad"], "unknown --what-if 'pad'"),
         (["--what-if", "block-size=0"], "--what-if block-size=0: not a valid value"),
-        (["--what-if", "pad-prefixes+move-dynamic"], "do not combine"),
+        (["--what-if", "move-dynamic+move-dynamic"], "move-dynamic given twice"),
         (["--what-if", "capacity=8"], "at least one block"),
         (["--engine", "vlm"], "'vlm' is not one of"),
         (["--eviction-policy", "random"], "'random' is not one of"),
-        (["--max-loss", "aligment=5%"], "unknown loss 'aligment'"),
+        (["--max-loss", "aligment=5%"], "no cause 'aligment'; did you mean alignment?"),
         (["--max-loss", "alignment"], "expected KIND=TOKENS"),
         (["--json", "/nonexistent-folder/r.json"], "--json /nonexistent-folder/r.json: no folder"),
         (["--per-request", "."], "--per-request .: is a folder"),

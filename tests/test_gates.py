@@ -106,6 +106,12 @@ def test_loss_limit_parsing() -> None:
     assert LossLimit.parse("eviction = 2.5%") == LossLimit("eviction", 0.025, True)
     with pytest.raises(PrefixcheckError):
         LossLimit.parse("alignment=120%")
+    # the cause spelled as a flag is the cause; a misspelt one is named with the right name
+    assert LossLimit.parse("dynamic-content=5%") == LossLimit("dynamic_content", 0.05, True)
+    with pytest.raises(PrefixcheckError, match=r"did you mean dynamic_content\?"):
+        LossLimit.parse("dynamic_contnet=5%")
+    with pytest.raises(PrefixcheckError, match=r"no cause 'magic'.*causes: never_seen"):
+        LossLimit.parse("magic=5")
 
 
 def test_unknown_loss_kind_is_an_error() -> None:
@@ -114,5 +120,8 @@ def test_unknown_loss_kind_is_an_error() -> None:
         "engines": {"vllm": {"label": "v", "hit_rate": 0.5}},
         "losses": {"vllm": {"alignment": {"tokens": 1}}},
     }
-    with pytest.raises(PrefixcheckError, match="unknown loss 'typo'"):
-        evaluate_gates(report, max_losses=[LossLimit.parse("typo=1")], engine="vllm")
+    with pytest.raises(PrefixcheckError, match="no cause 'typo'"):
+        LossLimit.parse("typo=1")
+    # a cause the report does not hold (an older report, say) is named when the gate runs
+    with pytest.raises(PrefixcheckError, match="unknown loss 'eviction'"):
+        evaluate_gates(report, max_losses=[LossLimit.parse("eviction=1")], engine="vllm")

@@ -84,3 +84,23 @@ def test_cli_missing_path_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["lint", str(tmp_path / "nope")])
     assert result.exit_code == 2
     assert "no such file or folder" in result.output
+
+
+def test_a_bad_file_does_not_stop_the_others_and_a_summary_ends(tmp_path: Path) -> None:
+    static = "Be polite, answer in the user's language, and cite the handbook. " * 4
+    (tmp_path / "a_dynamic.txt").write_text(f"Today is {{date}}. {static}\n")
+    (tmp_path / "b_broken.json").write_text('[{"role": "system"')
+    (tmp_path / "c_binary.md").write_bytes(b"\xff\xfe not text")
+    (tmp_path / "d_static.txt").write_text(static)
+    out = tmp_path / "lint.json"
+    result = runner.invoke(app, ["lint", str(tmp_path), "--json", str(out)])
+    assert result.exit_code == 2  # unreadable files are bad input; every file was still linted
+    rules = {
+        Path(t["path"]).name: [f["rule"] for f in t["findings"]]
+        for t in json.loads(out.read_text())["templates"]
+    }
+    assert rules["a_dynamic.txt"] == ["PC001"]
+    assert rules["b_broken.json"] == rules["c_binary.md"] == ["PC000"]
+    assert "d_static.txt" in rules
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("4 templates: 3 errors (PC000 ×2, PC001 ×1)"), last

@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("pyarrow")
 
 from analyzer.executors.ray_executor import ACTOR_PREFIX, RayExecutor  # noqa: E402
+from analyzer.executors.ray_ingest import REPLAY_STEP  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -173,13 +174,23 @@ class _KillAtReplay:
         pass
 
     def stage(self, name: str, total: int | None) -> None:
-        if name == "replaying (streamed)":
-            self.chunks += 1
-        if self.chunks == 2:  # the actors hold the first chunk's caches
+        pass
+
+    def input(self, step: str, done_bytes: int, total_bytes: int | None, requests: int) -> None:
+        if step != REPLAY_STEP:
+            return
+        self.chunks += 1
+        if self.chunks == 3:  # the actors hold the first two chunks' caches
             actor = ray.get_actor(f"{ACTOR_PREFIX}0")
             os.kill(ray.get(actor.where.remote())["pid"], signal.SIGKILL)
 
     def advance(self, units: int) -> None:
+        pass
+
+    def compiling(self, kernel: str) -> None:
+        pass
+
+    def compiled(self) -> None:
         pass
 
 
@@ -187,7 +198,7 @@ def test_a_killed_replay_worker_fails_the_run_naming_its_pool(
     cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = tmp_path / "tokens.jsonl"
-    log.write_bytes(tokens_log(4200))  # 3 chunks of 2,000 requests, streamed
+    log.write_bytes(tokens_log(4200))  # 3 chunks (2,000 requests each), streamed
     monkeypatch.setattr("cli.main.RichProgress", _KillAtReplay)
     out = tmp_path / "report.json"
     code, output = run_cli(

@@ -143,7 +143,9 @@ def test_markdown_and_html_show_sample_shares_and_say_so(streamed: dict) -> None
     assert "(sample)" in md
     assert cell in html
     sections = [part for part in html.split("<h2>")[1:]]
-    diagnosis = [s for s in sections if s.startswith(("Recomputed", "Hit rate against"))]
+    diagnosis = [
+        s for s in sections if s.startswith(("Recomputed", "Hit rate against", "Token hit rate"))
+    ]
     assert len(diagnosis) == 3
     assert all("Measured over the first 2,000 requests" in s for s in diagnosis)
     hits = next(s for s in sections if s.startswith("Prefix-cache hits"))

@@ -35,7 +35,10 @@ def test_streamed_equals_in_memory(
     for key in ("requests", "prompt_tokens", "output_tokens", "engines", "ceiling"):
         assert a[key] == b[key], key
     assert a["alignment_loss"] == b["alignment_loss"]
-    assert a["shared_prefixes"] == b["shared_prefixes"]
+    # padding is measured by the diagnosis, on its sample
+    assert [{**p, "padding_saves": None} for p in a["shared_prefixes"]] == [
+        {**p, "padding_saves": None} for p in b["shared_prefixes"]
+    ]
     columns = ["vllm_hit", "sglang_hit", "ceiling_hit", "vllm_evicted_blocks", "sglang_node_splits"]
     assert whole.per_request.select(columns).equals(streamed.per_request.select(columns))
 

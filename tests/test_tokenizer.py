@@ -99,3 +99,30 @@ def test_folder_without_tokenizer_json(tmp_path: Path) -> None:
 def test_missing_path_is_not_sent_to_the_hub(tmp_path: Path) -> None:
     with pytest.raises(PrefixcheckError, match="no such tokenizer file or folder"):
         load_tokenizer(str(tmp_path / "nope" / "tokenizer.json"))
+
+
+@pytest.mark.parametrize(
+    ("offline", "endpoint", "reason"),
+    [(True, "https://huggingface.co", "HF_HUB_OFFLINE is set"), (False, "http://127.0.0.1:9", "")],
+)
+def test_hub_name_offline_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, offline: bool, endpoint: str, reason: str
+) -> None:
+    """No minute of huggingface_hub retries: offline, or with the hub unreachable, a hub name that
+    is not in the local hub cache fails in a moment, saying why and what to pass instead."""
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    start = time.perf_counter()
+    with pytest.raises(PrefixcheckError, match="nor in the hub cache") as error:
+        load_tokenizer("prefixcheck-tests/no-such-model")
+    assert time.perf_counter() - start < 5
+    message = str(error.value)
+    assert (reason or "127.0.0.1:9 cannot be reached") in message
+    assert "tokenizer.json" in message

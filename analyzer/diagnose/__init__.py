@@ -16,7 +16,7 @@ from analyzer.diagnose.measure import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
 from analyzer.diagnose.parts import PartsSource, Reordered
 from analyzer.diagnose.plans import Context, PadTarget, static_runs, what_if_plan
-from analyzer.diagnose.recommend import Evidence, recommend
+from analyzer.diagnose.recommend import Evidence, KvShape, recommend
 from analyzer.diagnose.sweep import size_sweep
 from analyzer.prefixes import TEMPLATE_MIN_TOKENS, shared_prefixes
 from analyzer.progress import NoProgress, Progress
@@ -47,6 +47,7 @@ class DiagnoseInput:
     redact: bool
     what_if: tuple[str, ...] = ()
     reordered: Reordered | None = None  # the log with its message parts in one order
+    kv: KvShape | None = None  # the model shape capacity advice also gives bytes for
     fleet_hits: dict[str, np.ndarray] | None = None  # fleet replays: hits on the chosen replicas
 
 
@@ -55,6 +56,8 @@ class DiagnoseResult:
     diagnosis: Diagnosis
     per_request: dict[str, np.ndarray]  # ``{engine}_lost_{category}``
     values: ValueRanges  # where the dynamic values lie
+    # Recomputed tokens that padding a template saves (its tokens' bytes), measured by replay.
+    padding_saves: dict[bytes, int]
 
 
 def diagnose_log(
@@ -68,6 +71,7 @@ def diagnose_log(
     what_if: tuple[str, ...] = (),
     parts: PartsSource | None = None,
     progress: Progress | None = None,
+    kv: KvShape | None = None,
     fleet_hits: dict[str, np.ndarray] | None = None,
 ) -> DiagnoseResult:
     """``diagnose`` for the pipeline: the workload, replays and request table in input order,
@@ -105,6 +109,7 @@ def diagnose_log(
         redact=redact,
         what_if=what_if,
         reordered=reordered,
+        kv=kv,
         fleet_hits=fleet_hits,
     )
     result = diagnose(inputs, progress)
@@ -167,23 +172,25 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         moves=moves,
         servers=inputs.servers,
         reordered=inputs.reordered,
+        relocate=lambda moved: _relocated(moved, inputs),
     )
     curves, belady = capacity_curves(replays.trie, workload, settings, inputs.servers)
     sweep = size_sweep(workload, settings, hits, inputs.servers)
     totals = {e: losses[e].totals() for e in losses}
     evidence = Evidence(
         hits=hits,
-        sglang_page1_hits=replays.sglang_page1.hit_tokens,
         dynamic_sites=dynamic_sites,
         salt_loss=max(t["salts"] for t in totals.values()),
         eviction_loss=max(t["eviction"] for t in totals.values()),
         curves=curves,
         sweep=sweep,
+        kv=inputs.kv,
     )
+    advice = recommend(context, evidence)
     diagnosis = Diagnosis(
         losses={e: EngineLosses(totals[e], losses[e].clamped) for e in losses},
         dynamic_content=sorted(dynamic_sites, key=lambda site: -site.lost_tokens)[:SHOWN_SITES],
-        recommendations=recommend(context, evidence),
+        recommendations=advice.recommendations,
         capacity_curves=curves,
         size_sweep=sweep,
         belady=belady,
@@ -195,7 +202,34 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         for engine in losses
         for name in CATEGORIES
     }
-    return DiagnoseResult(diagnosis, per_request, values)
+    return DiagnoseResult(diagnosis, per_request, values, advice.padding_saves)
+
+
+def _relocated(workload: Workload, inputs: DiagnoseInput) -> Context:
+    """The plans' context for the same requests after a fix moved their tokens: templates and
+    dynamic values found again in ``workload`` (what a second moving fix needs)."""
+    salt_free = with_namespace(workload, inputs.salt_free_namespace)
+    salt_free_trie = PrefixTrie()
+    salt_free_trie.replay(salt_free)
+    assert salt_free_trie.nodes is not None
+    sites, spans = find_dynamic_content(
+        salt_free_trie.nodes, salt_free, MIN_STATIC_TOKENS, inputs.decoder
+    )
+    values = ValueRanges.of(sites, spans, salt_free_trie.nodes)
+    trie = PrefixTrie()
+    trie.replay(workload)
+    assert trie.nodes is not None
+    return Context(
+        workload=workload,
+        settings=inputs.settings,
+        salt_free_namespace=inputs.salt_free_namespace,
+        pad_targets=_pad_targets(trie.nodes, workload, values, _end_of_turn(inputs.decoder)),
+        sites=sites,
+        moves=static_runs(workload, spans, len(sites)),
+        servers=inputs.servers,
+        reordered=None,
+        relocate=lambda moved: _relocated(moved, inputs),
+    )
 
 
 def _salt_free(

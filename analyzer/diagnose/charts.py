@@ -86,8 +86,12 @@ def bar_chart(categories: list[str], groups: dict[str, list[float | None]], y_la
     return _svg(parts)
 
 
-def stacked_bars(rows: dict[str, list[tuple[str, float]]]) -> str:
-    """One horizontal bar per row, split into named shares of the whole (0-1)."""
+def stacked_bars(
+    rows: dict[str, list[tuple[str, float]]], colors: dict[str, str] | None = None
+) -> str:
+    """One horizontal bar per row, split into named shares of the whole (0-1); ``colors`` gives
+    a segment's colour by name (else the next of COLORS), so that no two share one."""
+    colors = colors or {}
     height = 28 * len(rows) + 48
     parts = []
     names: list[str] = []
@@ -99,13 +103,15 @@ def stacked_bars(rows: dict[str, list[tuple[str, float]]]) -> str:
             if name not in names:
                 names.append(name)
             width = share * (WIDTH - 130)
-            color = COLORS[names.index(name) % len(COLORS)]
+            color = colors.get(name) or COLORS[names.index(name) % len(COLORS)]
             parts.append(
                 f'<rect x="{x:.1f}" y="{y}" width="{max(width, 0):.1f}" height="20" '
                 f'fill="{color}"><title>{escape(name)}: {share:.1%}</title></rect>'
             )
             x += width
-    legend = [(name, COLORS[i % len(COLORS)], False) for i, name in enumerate(names)]
+    legend = [
+        (name, colors.get(name) or COLORS[i % len(COLORS)], False) for i, name in enumerate(names)
+    ]
     parts.append(_legend(legend, y=height - 30, x=110))
     return _svg(parts, height)
 

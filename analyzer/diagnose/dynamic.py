@@ -11,6 +11,7 @@ its own span: the tokens from the site to where the anchor appears in it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,12 @@ MAX_CHILDREN = 64
 # Tokens before the divergence searched for the start of a recognised value ("2026-" before "11").
 LOOKBACK_TOKENS = 32
 SAMPLES = 5
+# A user turn's header in the built-in templates (analyzer/templates: ChatML/Qwen, Llama 3, Gemma,
+# Mistral, DeepSeek) and plain "User:" / "Human:" transcripts.
+USER_TURN = re.compile(
+    r"<\|im_start\|>user|<\|start_header_id\|>user|<start_of_turn>user|\[INST\]|<｜User｜>"
+    r"|(?:^|\n)(?:User|Human):"
+)
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,40 @@ def find_dynamic_content(
         spans.length[rows] += spans.start[rows] - start
         spans.start[rows] = start
         sites.append(Site(int(node), int(trie.depth[node]), start, anchor, kind, examples))
-    return sites, spans
+    users = [
+        index
+        for index, site in enumerate(sites)
+        if site.kind == "text" and _ends_a_user_message(trie, site, decoder)
+    ]
+    return _without(sites, spans, users)
+
+
+def _ends_a_user_message(trie: TrieNodes, site: Site, decoder: Tokenizer | None) -> bool:
+    """Whether the value runs to the end of a user message: the user's own words (a question),
+    the conversation itself, not a value a template put before shared text."""
+    if decoder is None or not decoder.special.eos_token:
+        return False
+    end_of_turn = decoder.special.eos_token
+    if decoder.token_id(end_of_turn) not in site.anchor.tolist():  # the message ends there
+        return False
+    head = trie.tokens(site.node)[: site.start]
+    before = decoder.decode(head[-LOOKBACK_TOKENS:])
+    message = before.rsplit(end_of_turn, 1)[-1]  # the message the value is in
+    return USER_TURN.search(message) is not None
+
+
+def _without(sites: list[Site], spans: Spans, dropped: list[int]) -> tuple[list[Site], Spans]:
+    """The sites and spans less the ``dropped`` sites (the rest renumbered)."""
+    if not dropped:
+        return sites, spans
+    kept = [index for index in range(len(sites)) if index not in dropped]
+    renumber = np.full(len(sites), -1, np.int64)
+    renumber[kept] = np.arange(len(kept))
+    rows = renumber[spans.site] >= 0
+    kept_spans = Spans(
+        spans.request[rows], renumber[spans.site[rows]], spans.start[rows], spans.length[rows]
+    )
+    return [sites[index] for index in kept], kept_spans
 
 
 def _find_sites(trie: TrieNodes, min_static: int) -> list[tuple[int, np.ndarray]]:

@@ -3,6 +3,7 @@ to replay. A plan's gain is always measured by replaying what it returns."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,7 +14,7 @@ from analyzer.diagnose.dynamic import Site, Spans
 from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
 from analyzer.diagnose.measure import ENGINES
 from analyzer.diagnose.parts import Reordered
-from analyzer.diagnose.what_if import Fix, WhatIfSpec
+from analyzer.diagnose.what_if import MOVING, Fix, WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.replay import ReplaySettings
 from cache_models.workload import Workload
@@ -57,6 +58,9 @@ class Context:
     moves: Moves
     servers: np.ndarray | None  # the model each request goes to, when the log has several
     reordered: Reordered | None = None  # the log with its message parts in one order
+    # The context of another workload (the same requests after a fix moved their tokens): its
+    # templates and dynamic values found again, so that a second moving fix can follow a first.
+    relocate: Callable[[Workload], Context] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,14 +161,21 @@ def settings_plan(context: Context, name: str | Fix, value: str = "") -> Plan:
 
 
 def what_if_plan(context: Context, spec: WhatIfSpec | str) -> Plan:
-    """The plan for one ``--what-if``; fixes joined with ``+`` apply together (at most one of
-    those that move tokens, applied last)."""
+    """The plan for one ``--what-if``; fixes joined with ``+`` apply together, in the spec's
+    order: engine flags first, then the fixes that move tokens, each on the log the previous one
+    left (its targets found again there)."""
     if isinstance(spec, str):
         spec = WhatIfSpec.parse(spec)
     engines: set[str] = set()
     plan: Plan | None = None
+    moved = False
     for fix in spec.parts:
+        if fix.name in MOVING and moved:
+            if context.relocate is None:
+                raise PrefixcheckError(f"--what-if {spec.text}: these fixes do not combine here")
+            context = replace(context.relocate(context.workload), settings=context.settings)
         plan = _named_plan(context, fix)
+        moved = moved or fix.name in MOVING
         context = replace(context, workload=plan.workload, settings=plan.settings)
         engines.update(plan.engines)
     assert plan is not None

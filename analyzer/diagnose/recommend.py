@@ -1,6 +1,8 @@
 """Recommendations, each with its gain measured by replaying the fixed log (or the other
-configuration) through the same cache models. A fix that does not save at least
-``MIN_GAIN_SHARE`` of the prompt tokens on some engine is not recommended."""
+configuration) through the same cache models. A fix is recommended for the engines on which it
+saves at least ``MIN_GAIN_SHARE`` of the prompt tokens, and for those only; each says in one line
+why it works. Switching engines is not a recommendation: the alignment loss already says what
+SGLang's token-granular matching would add."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from analyzer.diagnose.plans import (
 )
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.report import Recommendation
+from analyzer.units import binary_bytes
 
 MIN_GAIN_SHARE = 0.002
 MAX_PAD_TARGETS = 4
@@ -31,9 +34,24 @@ MAX_MOVES = 3
 CAPACITY_TARGET = "0.95"
 # A coarser block size is preferred when it keeps this share of the best size's gain.
 KEEP_OF_BEST_GAIN = 0.8
-# vLLM block sizes below this are not recommended: few GPU attention kernels support them.
-MIN_RECOMMENDED_BLOCK = 8
+# vLLM block sizes are recommended in multiples of this: FlashAttention, vLLM's default backend on
+# CUDA, takes kernel block sizes that are multiples of 16 (vllm/v1/attention/backends/
+# flash_attn.py, FlashAttentionBackend.get_supported_kernel_block_sizes).
+VLLM_BLOCK_MULTIPLE = 16
 LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
+WHY = {
+    "pad_prefix": "vLLM caches whole blocks only: the template's last partial block is recomputed "
+    "for every request, and padding it to a block boundary makes it hittable",
+    "move_dynamic_content": "a prefix cache matches from the first token: a value that changes per "
+    "request ends the match, so everything after it is recomputed",
+    "reorder_parts": "tools or system prompts in a different order make prompts differ from the "
+    "first part that moved, though they hold the same text",
+    "salt": "a cache_salt exists to stop cross-tenant timing attacks (a hit returns faster, so one "
+    "tenant could probe another's prompts): share a salt only among tenants that trust each other",
+    "capacity": "requests evicted blocks that later requests would have hit",
+    "block_size": "a smaller block (page) leaves fewer tokens of each prompt in a partial block "
+    "that is never cached",
+}
 
 
 @dataclass(frozen=True)
@@ -41,40 +59,64 @@ class Evidence:
     """What the recommendations are chosen from."""
 
     hits: dict[str, np.ndarray]  # each engine's hits as configured (replay order)
-    sglang_page1_hits: np.ndarray
     dynamic_sites: list[DynamicSite]
     salt_loss: int
     eviction_loss: int
     curves: dict[str, CapacityCurve]
     sweep: dict[str, list[SweepPoint]]
+    kv: KvShape | None = None  # the model shape KV capacity is also given in bytes for
 
 
-def recommend(context: Context, evidence: Evidence) -> list[Recommendation]:
-    """The measured recommendations, largest saving first."""
+@dataclass(frozen=True)
+class KvShape:
+    """A model shape's KV bytes per token, to give a capacity in bytes as well as tokens."""
+
+    model: str
+    bytes_per_token: int
+
+    def bytes(self, tokens: int) -> str:
+        return binary_bytes(tokens * self.bytes_per_token)
+
+
+@dataclass(frozen=True)
+class Advice:
+    recommendations: list[Recommendation]  # largest measured saving first
+    # Per shared prefix considered for padding (its tokens' bytes): the recomputed tokens that
+    # padding it saves on the engine it helps most (negative: it costs more than it saves).
+    padding_saves: dict[bytes, int]
+
+
+def recommend(context: Context, evidence: Evidence) -> Advice:
+    """The measured recommendations, largest saving first, and what padding each template does."""
     workload = context.workload
     floor = max(1.0, MIN_GAIN_SHARE * int(workload.prompt_offsets[-1]))
     candidates = _candidate_plans(context, evidence)
     results = replay_many(
         [
             Scenario(plan.workload, plan.settings, plan.engines, context.servers)
-            for plan, _ in candidates
+            for plan, _, _ in candidates
         ]
     )
     items = []
-    for (plan, describe), hits in zip(candidates, results, strict=True):
+    padding_saves = {}
+    for (plan, describe, target), hits in zip(candidates, results, strict=True):
         measured = gains(workload, evidence.hits, plan.workload, hits)
-        items.append(_item(plan.kind, describe(measured), plan.details, measured))
-    items += _size_items(context, evidence)
-    items.append(_engine_item(context, evidence))
-    kept = [item for item in items if item.measured and _best_saving(item) >= floor]
-    return sorted(kept, key=lambda item: -_best_saving(item))
+        items.append(_item(plan.kind, describe, plan.details, measured, floor))
+        if target is not None:
+            padding_saves[target.tokens.tobytes()] = max(
+                gain.recomputed_tokens_saved for gain in measured.values()
+            )
+    items += _size_items(context, evidence, floor)
+    kept = [item for item in items if item.engines]
+    return Advice(sorted(kept, key=lambda item: -_best_saving(item)), padding_saves)
 
 
 Describe = Callable[[dict[str, Gain]], str]
+Candidate = tuple[Plan, Describe, PadTarget | None]
 
 
-def _candidate_plans(context: Context, evidence: Evidence) -> list[tuple[Plan, Describe]]:
-    plans: list[tuple[Plan, Describe]] = []
+def _candidate_plans(context: Context, evidence: Evidence) -> list[Candidate]:
+    plans: list[Candidate] = []
     block = context.settings.block_size
     for target in _pad_targets(context.pad_targets, block):
         pad = -target.length % block
@@ -83,7 +125,7 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[tuple[Plan, D
             f"with {pad} tokens at token {target.insert_at} (to {target.length + pad}, a "
             f"multiple of {block})"
         )
-        plans.append((pad_plan(context, [target]), _describer(text)))
+        plans.append((pad_plan(context, [target]), _describer(text), target))
     ranked = sorted(range(len(evidence.dynamic_sites)), key=lambda s: -_site_loss(evidence, s))
     for site in [s for s in ranked if _site_loss(evidence, s) > 0][:MAX_MOVES]:
         info = evidence.dynamic_sites[site]
@@ -92,7 +134,7 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[tuple[Plan, D
             f"({info.requests:,} requests) after the {info.static_tokens_after}-token static "
             "part that follows it"
         )
-        plans.append((move_plan(context, [site]), _describer(text)))
+        plans.append((move_plan(context, [site]), _describer(text), None))
     if context.reordered is not None:
         moved = context.reordered
         text = (
@@ -100,30 +142,37 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[tuple[Plan, D
             f"their set's usual order) and put the system prompt first ({moved.system_moved:,} "
             "requests)"
         )
-        plans.append((reorder_plan(context), _describer(text)))
+        plans.append((reorder_plan(context), _describer(text), None))
     if evidence.salt_loss > 0:
         text = (
-            "Share one cache_salt between tenants whose shared prefixes hold nothing private "
-            "(a salt isolates every block of a tenant's prompts)"
+            "Tenants that trust each other could share one cache_salt (a salt keeps every "
+            "block of a tenant's prompts apart)"
         )
-        plans.append((salt_plan(context), _describer(text)))
+        plans.append((salt_plan(context), _describer(text), None))
     capacity = context.settings.capacity_tokens
     if capacity is not None and evidence.eviction_loss > 0:
         target = max(c.needed.get(CAPACITY_TARGET, 0) for c in evidence.curves.values())
         if target > capacity:
             settings = replace(context.settings, capacity_tokens=target)
+            kv = evidence.kv
+            after = f" ({kv.bytes(target)} of KV on {kv.model})" if kv else ""
+            before = f" ({kv.bytes(capacity)})" if kv else ""
             text = (
-                f"Give the KV cache {target:,} tokens instead of {capacity:,} (where the LRU "
-                f"curve reaches {float(CAPACITY_TARGET):.0%} of the unbounded hits)"
+                f"Give the KV cache {target:,} tokens{after} instead of {capacity:,}{before}, "
+                f"where the LRU curve reaches {float(CAPACITY_TARGET):.0%} of the unbounded hits"
             )
+            details: dict = {"capacity_tokens_before": capacity, "capacity_tokens_after": target}
+            if kv is not None:
+                details |= {
+                    "model_shape": kv.model,
+                    "kv_bytes_per_token": kv.bytes_per_token,
+                    "capacity_bytes_before": capacity * kv.bytes_per_token,
+                    "capacity_bytes_after": target * kv.bytes_per_token,
+                }
             plan = Plan(
-                f"capacity={target}",
-                "capacity",
-                context.workload,
-                settings,
-                details={"capacity_tokens_before": capacity, "capacity_tokens_after": target},
+                f"capacity={target}", "capacity", context.workload, settings, details=details
             )
-            plans.append((plan, _describer(text)))
+            plans.append((plan, _describer(text), None))
     return plans
 
 
@@ -138,17 +187,19 @@ def _pad_targets(targets: list[PadTarget], block: int) -> list[PadTarget]:
     return sorted(eligible, key=promise, reverse=True)[:MAX_PAD_TARGETS]
 
 
-def _size_items(context: Context, evidence: Evidence) -> list[Recommendation]:
-    """A block size (vLLM) or page size (SGLang) that would serve more, from the sweep."""
-    floor = max(1.0, MIN_GAIN_SHARE * int(context.workload.prompt_offsets[-1]))
+def _size_items(context: Context, evidence: Evidence, floor: float) -> list[Recommendation]:
+    """A block size (vLLM, multiples of 16 only) or page size (SGLang) that would serve more,
+    from the sweep."""
     configured = {"vllm": context.settings.block_size, "sglang": context.settings.page_size}
     flags = {"vllm": "--block-size", "sglang": "--page-size"}
     items = []
     for engine, points in evidence.sweep.items():
         current = next(p for p in points if p.size == configured[engine])
-        smallest = MIN_RECOMMENDED_BLOCK if engine == "vllm" else 1
         better = [
-            p for p in points if p.size >= smallest and p.hit_tokens - current.hit_tokens >= floor
+            p
+            for p in points
+            if (engine != "vllm" or p.size % VLLM_BLOCK_MULTIPLE == 0)
+            and p.hit_tokens - current.hit_tokens >= floor
         ]
         if not better:
             continue
@@ -158,34 +209,30 @@ def _size_items(context: Context, evidence: Evidence) -> list[Recommendation]:
         )
         prompt = int(context.workload.prompt_offsets[-1])
         measured = {engine: Gain(prompt, current.hit_tokens, prompt, choice.hit_tokens)}
+        caveat = "" if engine == "vllm" else ", if the attention backend supports it"
         text = (
-            f"Use {LABELS[engine]} {flags[engine]} {choice.size} instead of {current.size}, if "
-            "the attention backend supports it"
+            f"Use {LABELS[engine]} {flags[engine]} {choice.size} instead of {current.size}{caveat}"
         )
         details = {"engine": engine, "size_before": current.size, "size_after": choice.size}
-        items.append(_item("block_size", _describer(text)(measured), details, measured))
+        items.append(_item("block_size", _describer(text), details, measured, floor))
     return items
 
 
-def _engine_item(context: Context, evidence: Evidence) -> Recommendation:
-    """What SGLang-style radix matching (token-granular) would add over vLLM's hash blocks."""
-    prompt = int(context.workload.prompt_offsets[-1])
-    radix = int(evidence.sglang_page1_hits.sum())
-    measured = {"vllm": Gain(prompt, int(evidence.hits["vllm"].sum()), prompt, radix)}
-    text = (
-        "Radix matching at token granularity (SGLang, --page-size 1) would serve what vLLM's "
-        "whole hash blocks leave on this log"
+def _item(
+    kind: str, describe: Describe, details: dict, measured: dict[str, Gain], floor: float
+) -> Recommendation:
+    """The recommendation for the engines on which the fix saves at least ``floor`` tokens."""
+    helped = sorted(
+        (e for e, gain in measured.items() if gain.recomputed_tokens_saved >= floor),
+        key=lambda e: -measured[e].recomputed_tokens_saved,
     )
-    details = {"engine_before": "vllm", "engine_after": "sglang (page size 1)"}
-    return _item("engine", _describer(text)(measured), details, measured)
-
-
-def _item(kind: str, summary: str, details: dict, measured: dict[str, Gain]) -> Recommendation:
     return Recommendation(
         kind=kind,
-        summary=summary,
+        summary=describe({engine: measured[engine] for engine in helped}),
         details=details,
         measured={engine: gain.to_dict() for engine, gain in measured.items()},
+        why=WHY[kind],
+        engines=helped,
     )
 
 
@@ -205,7 +252,7 @@ def _describer(action: str) -> Describe:
 
 def _best_saving(item: Recommendation) -> int:
     assert item.measured is not None
-    return max(gain["recomputed_tokens_saved"] for gain in item.measured.values())
+    return max(item.measured[engine]["recomputed_tokens_saved"] for engine in item.engines)
 
 
 def _site_loss(evidence: Evidence, site: int) -> int:

@@ -24,8 +24,9 @@ WHAT_IFS = (
     "capacity=N",
     "eviction-policy=P",
 )
-# Fixes that move tokens: each finds its targets by position in the log as read.
-MOVING = ("pad-prefixes", "move-dynamic", "reorder-parts")
+# Fixes that move tokens, in the order they combine: reordering re-renders the log as read, so it
+# comes first; each later one finds its targets again in the log the previous one left.
+MOVING = ("reorder-parts", "move-dynamic", "pad-prefixes")
 FIXES = (*MOVING, "no-salt")
 FLAGS = ("block-size", "page-size", "capacity", "eviction-policy")
 
@@ -80,7 +81,8 @@ class Fix:
 @dataclass(frozen=True)
 class WhatIfSpec:
     """A ``--what-if`` as written (``text``, the report's name) and its parts, in the order they
-    apply: engine flags and ``no-salt`` first, the one fix that moves tokens last."""
+    apply: engine flags and ``no-salt`` first, then the fixes that move tokens in MOVING's
+    order."""
 
     text: str
     parts: tuple[Fix, ...]
@@ -88,9 +90,10 @@ class WhatIfSpec:
     @classmethod
     def parse(cls, text: str) -> WhatIfSpec:
         parts = [part.strip() for part in text.split("+")]
-        moving = [part for part in parts if part in MOVING]
-        if len(moving) > 1:
-            raise PrefixcheckError(f"--what-if {text}: {' and '.join(moving)} do not combine")
+        repeated = sorted({part for part in parts if parts.count(part) > 1})
+        if repeated:
+            raise PrefixcheckError(f"--what-if {text}: {', '.join(repeated)} given twice")
+        moving = sorted((part for part in parts if part in MOVING), key=MOVING.index)
         ordered = [p for p in parts if p not in moving] + moving
         return cls(text, tuple(Fix.parse(part) for part in ordered))
 

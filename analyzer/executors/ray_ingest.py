@@ -21,7 +21,14 @@ import numpy as np
 import polars as pl
 
 from analyzer.errors import PrefixcheckError, Skip, SkipLog, StrictModeError
-from analyzer.executors.shards import CACHE_COLUMNS, ShardMeta, ShardSpec, expand, plan_shards
+from analyzer.executors.shards import (
+    CACHE_COLUMNS,
+    ShardMeta,
+    ShardSpec,
+    _size,
+    expand,
+    plan_shards,
+)
 from analyzer.ingest import CHUNK_RECORDS, CHUNK_TOKENS, Chunk, ChunkedIngest, IngestOptions
 from analyzer.progress import Progress
 from analyzer.records import Record
@@ -30,6 +37,7 @@ from analyzer.tokenizer import load_tokenizer
 from analyzer.workload import TokenizedLog, build_workload
 from cache_models.workload import Workload
 
+REPLAY_STEP = "replaying on Ray"  # the input bar's step once the shards are read
 TOKEN_COLUMNS = (
     "seq",
     "prompt_ids",
@@ -85,7 +93,9 @@ class RayIngest(ChunkedIngest):
             meta = next(m for m in metas if m.strict_error)
             shifted = _shifted(first_strict, offsets[meta.spec.index])
             raise StrictModeError(shifted)
-        self._loaded_from(metas, offsets, expand(self.paths))
+        files = expand(self.paths)
+        self._loaded_from(metas, offsets, files)
+        total_bytes = sum(_size(name) for name in files)
         shard_of, seq = _record_order(metas)
         estimated = np.concatenate([m.estimated for m in metas]) if metas else np.zeros(0)
         estimated = (
@@ -118,6 +128,8 @@ class RayIngest(ChunkedIngest):
                     refs[s] = None
             read_tokens += int(tokenized.workload.prompt_offsets[-1])
             start = stop
+            done_bytes = total_bytes * stop // len(seq) if total_bytes else 0
+            self.progress.input(REPLAY_STEP, done_bytes, total_bytes, stop)
             yield Chunk(records, tokenized)
 
     def _loaded_from(self, metas: list[ShardMeta], offsets: list[int], files: list[str]) -> None:

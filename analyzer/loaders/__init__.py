@@ -27,8 +27,13 @@ from analyzer.loaders.guard import MAX_JSON_DEPTH, checked, too_deep, unexpected
 from analyzer.loaders.joins import Answer, join_answers
 from analyzer.loaders.jsonl import json_object
 from analyzer.loaders.mapped import FieldMap
-from analyzer.loaders.sources import MAX_LINE_BYTES, LongLine, expand_inputs, read_items
-from analyzer.progress import NoProgress, Progress
+from analyzer.loaders.sources import (
+    MAX_LINE_BYTES,
+    LongLine,
+    ReadMeter,
+    expand_inputs,
+    read_items,
+)
 from analyzer.records import Record
 
 Parsed = Record | list[Record] | Answer
@@ -141,7 +146,6 @@ MAPPED = LogFormat("mapped", "any JSON, read through --*-field paths", mapped.ma
 DETECTION_LINES = 50  # JSON objects looked at to detect a format
 DETECTION_TEXT_LINES = 5000  # server logs: lines looked at for the first request line
 DETECTION_BYTES = 32 << 20  # and at most this many bytes of them
-PROGRESS_EVERY = 1000
 
 
 @dataclass
@@ -154,6 +158,7 @@ class LoadResult:
     formats: dict[str, str] = field(default_factory=dict)
     lines_read: int = 0
     answers_joined: int = 0
+    meter: ReadMeter = field(default_factory=ReadMeter)  # bytes of the input read so far
 
 
 def format_names() -> list[str]:
@@ -173,7 +178,6 @@ def load_logs(
     strict: bool = False,
     hash_block_size: int | None = None,
     fields: FieldMap | None = None,
-    progress: Progress | None = None,
 ) -> LoadResult:
     """Read every file; a bad line becomes a Skip (or, with ``strict``, a StrictModeError)."""
     result = LoadResult()
@@ -185,7 +189,6 @@ def load_logs(
             strict=strict,
             hash_block_size=hash_block_size,
             fields=fields,
-            progress=progress,
             hold_answerable=False,
         )
     )
@@ -200,7 +203,6 @@ def iter_records(
     strict: bool = False,
     hash_block_size: int | None = None,
     fields: FieldMap | None = None,
-    progress: Progress | None = None,
     hold_answerable: bool = True,
 ) -> Iterator[Record]:
     """The requests of every file, as they are read; skips, formats and counts go to ``result``.
@@ -214,19 +216,17 @@ def iter_records(
         raise PrefixcheckError(
             f"unknown --format {format_name!r}; choose {', '.join(format_names())}"
         )
-    progress = progress or NoProgress()
-    progress.stage("reading logs", None)
     answers: list[Answer] = []
     answerable: list[Record] = []
-    for name in expand_inputs(paths):
-        items = _peek(name)
+    names = expand_inputs(paths)
+    result.meter.expect(names)
+    for name in names:
+        items = _peek(name, result.meter)
         log_format = _chosen_format(name, items, format_name, fields)
         result.formats[name] = log_format.name
         parse = _configured(log_format, hash_block_size, fields)
         for item in _parse_items(name, items, log_format, parse, fields):
             result.lines_read += 1
-            if result.lines_read % PROGRESS_EVERY == 0:
-                progress.advance(PROGRESS_EVERY)
             if isinstance(item, Skip):
                 if strict:
                     raise StrictModeError(item)
@@ -282,9 +282,9 @@ class _Peeked:
         return chain(self.head, self.rest)
 
 
-def _peek(name: str) -> _Peeked:
+def _peek(name: str, meter: ReadMeter | None = None) -> _Peeked:
     """The first items of a source, opened once; at most DETECTION_BYTES of raw lines."""
-    objects, items = read_items(name)
+    objects, items = read_items(name, meter)
     if objects:
         return _Peeked(list(islice(items, DETECTION_LINES)), items, objects=True)
     head: list[tuple[int, Any]] = []

@@ -18,7 +18,7 @@ import re
 import stat
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -119,8 +119,44 @@ def base_suffix(name: str) -> str:
     return Path(name).suffix.lower()
 
 
+@dataclass
+class ReadMeter:
+    """How far the readers are through the input files, in bytes as stored (compressed bytes
+    for ``.gz`` / ``.zst``): the measure of the progress bar and its time left."""
+
+    total: int | None = None  # the files' sizes; None when one is standard input or a pipe
+    _done: dict[str, int] = field(default_factory=dict)  # files read to the end
+    _open: dict[str, IO[bytes]] = field(default_factory=dict)
+
+    def expect(self, names: Sequence[str]) -> None:
+        """The files about to be read (their sizes make the total)."""
+        try:
+            regular = all(n != STDIN and stat.S_ISREG(os.stat(n).st_mode) for n in names)
+            self.total = sum(os.path.getsize(n) for n in names) if regular else None
+        except OSError:
+            self.total = None  # a file that cannot be read fails with its name when opened
+
+    def position(self) -> int:
+        position = sum(self._done.values())
+        for name, handle in self._open.items():
+            if name not in self._done:
+                with contextlib.suppress(OSError, ValueError):
+                    position += handle.tell()
+        return position if self.total is None else min(position, self.total)
+
+    def opened(self, name: str, raw: IO[bytes]) -> None:
+        self._open[name] = raw
+
+    def closed(self, name: str, raw: IO[bytes]) -> None:
+        if self._open.get(name) is not raw:  # a detection pass over a file read again
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self._done[name] = os.fstat(raw.fileno()).st_size
+        del self._open[name]
+
+
 @contextlib.contextmanager
-def open_binary(name: str) -> Iterator[IO[bytes]]:
+def open_binary(name: str, meter: ReadMeter | None = None) -> Iterator[IO[bytes]]:
     """The decompressed bytes of a file, a named pipe or standard input, opened once.
 
     Devices and sockets are refused (``/dev/zero`` never ends); a truncated or corrupt ``.gz``
@@ -136,13 +172,19 @@ def open_binary(name: str) -> Iterator[IO[bytes]]:
         raw = Path(name).open("rb")  # noqa: SIM115 (closed below, after the error check)
     except OSError as exc:
         raise PrefixcheckError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    if meter is not None:
+        meter.opened(name, raw)
     with raw:
-        if name.endswith(".gz"):
-            yield gzip.GzipFile(fileobj=raw)
-        elif name.endswith(".zst"):
-            yield io.BufferedReader(_ZstdReader(raw, name), 1 << 20)
-        else:
-            yield raw
+        try:
+            if name.endswith(".gz"):
+                yield gzip.GzipFile(fileobj=raw)
+            elif name.endswith(".zst"):
+                yield io.BufferedReader(_ZstdReader(raw, name), 1 << 20)
+            else:
+                yield raw
+        finally:
+            if meter is not None:
+                meter.closed(name, raw)
 
 
 class _ZstdReader(io.RawIOBase):
@@ -195,21 +237,21 @@ class LongLine:
     size: int
 
 
-def read_items(name: str) -> tuple[bool, Iterator[tuple[int, Any]]]:
+def read_items(name: str, meter: ReadMeter | None = None) -> tuple[bool, Iterator[tuple[int, Any]]]:
     """Open a source once and give its items numbered from 1, and whether they are objects
     (a JSON-array file's items, Parquet rows) rather than raw lines (bytes, or a LongLine)."""
     if base_suffix(name) == ".parquet":
-        return True, iter_rows(name)
+        return True, iter_rows(name, meter)
     if base_suffix(name) == ".csv":
-        return True, iter_csv_rows(name)
-    items = _items(name)
+        return True, iter_csv_rows(name, meter)
+    items = _items(name, meter)
     objects = next(items)
     assert isinstance(objects, bool)
     return objects, items  # type: ignore[return-value]
 
 
-def _items(name: str) -> Iterator[Any]:
-    with open_binary(name) as handle:
+def _items(name: str, meter: ReadMeter | None = None) -> Iterator[Any]:
+    with open_binary(name, meter) as handle:
         try:
             if base_suffix(name) != ".json":
                 yield False
@@ -278,12 +320,12 @@ def iter_raw_lines(name: str) -> Iterator[tuple[int, bytes]]:
             raise PrefixcheckError(f"{name}: cannot decompress: {exc}") from None
 
 
-def iter_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_rows(name: str, meter: ReadMeter | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """The rows of a Parquet file as dicts, numbered from 1, JSON-text fields decoded."""
     import polars as pl
 
     try:
-        with open_binary(name) as handle:
+        with open_binary(name, meter) as handle:
             frame = pl.read_parquet(handle)
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise PrefixcheckError(f"{name}: not a readable Parquet file ({exc})") from None
@@ -291,10 +333,12 @@ def iter_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, decode_json_text(row)
 
 
-def iter_csv_rows(name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_csv_rows(
+    name: str, meter: ReadMeter | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """The rows of a CSV export with a header line (Helicone's, Langfuse's), numbered by their
     line in the file: empty cells are None, whole numbers ints, JSON-text fields decoded."""
-    with open_binary(name) as handle:
+    with open_binary(name, meter) as handle:
         text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
         reader = csv.DictReader(text)
         try:
