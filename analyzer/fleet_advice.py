@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from analyzer.diagnose.model import Recommendation
 from analyzer.fleet import FleetOptions, Placed, place
-from analyzer.fleet_run import FIRST_BLOCK, session_keys
+from analyzer.fleet_keys import FIRST_BLOCK, session_keys
 from analyzer.replay import ReplaySettings, replay_all
-from analyzer.report import Recommendation
 from cache_models.workload import Workload
 
 KEEP_SHARE = 0.9  # the share of one instance's hits the capacity advice aims at

@@ -3,7 +3,6 @@ and single-instance replays, and the report's fleet section."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -12,8 +11,7 @@ import polars as pl
 
 from analyzer.errors import PrefixcheckError
 from analyzer.fleet import FleetOptions, FleetReplays, Placed, Placement, place, replay_fleet
-from analyzer.loaders.fields import dotted
-from analyzer.loaders.sources import iter_raw_lines
+from analyzer.fleet_keys import field_values, session_keys
 from analyzer.pool import model_labels
 from analyzer.progress import Progress
 from analyzer.replay import (
@@ -28,43 +26,6 @@ from analyzer.replay import (
 from analyzer.shares import hit_rate
 from analyzer.workload import TokenizedLog
 from cache_models.workload import Workload
-
-FIRST_BLOCK = "first-block"  # --session-field: the hash of the prompt's first block
-TENANT = "tenant"  # --session-field: the user / prompt_cache_key the loaders read
-
-
-def field_values(requests: pl.DataFrame, path: str) -> list[Any]:
-    """The value at a dotted path in each request's own log line (None where it has none)."""
-    wanted: dict[str, set[int]] = {}
-    for file, line in zip(requests["file"], requests["line"], strict=True):
-        wanted.setdefault(file, set()).add(int(line))
-    found: dict[tuple[str, int], Any] = {}
-    for file, lines in wanted.items():
-        for number, raw in iter_raw_lines(file):
-            if number in lines:
-                try:
-                    found[(file, number)] = dotted(json.loads(raw), path)
-                except ValueError:
-                    found[(file, number)] = None
-    return [found.get((f, int(n))) for f, n in zip(requests["file"], requests["line"], strict=True)]
-
-
-def session_keys(
-    requests: pl.DataFrame, workload: Workload, field: str | None, block_size: int
-) -> tuple[list[str | None], int]:
-    """Each request's routing key and how many requests had none (routed by their text)."""
-    n = workload.n_requests
-    if field is None:
-        return [None] * n, n
-    if field == FIRST_BLOCK:
-        keys = []
-        for i in range(n):
-            head = workload.prompt(i)[:block_size]
-            keys.append(f"{int(workload.namespace[i])}:{head.tobytes().hex()}")
-        return keys, 0
-    values = requests[TENANT].to_list() if field == TENANT else field_values(requests, field)
-    keys = [None if v is None or v == "" else str(v) for v in values]
-    return keys, sum(k is None for k in keys)
 
 
 def log_placement(requests: pl.DataFrame, field: str) -> tuple[np.ndarray, list[str]]:
@@ -323,11 +284,20 @@ def _summary(
     )
 
 
-def fleet_notes(summary: FleetSummary) -> list[str]:
+def fleet_notes(summary: FleetSummary, diagnose_tokens: int | None = None) -> list[str]:
     notes = [
         f"Fleet of {summary.replicas} replicas behind {summary.router} ({summary.router_source}); "
         f"engine hit rates are the fleet's. Load model: {summary.load_model}."
     ]
+    requests = sum(r.requests for r in summary.per_replica)
+    tokens = sum(r.prompt_tokens for r in summary.per_replica)
+    if diagnose_tokens is not None and tokens > diagnose_tokens:
+        notes.append(
+            f"Fleet runs are not streamed: the whole log ({requests:,} requests, {tokens:,} "
+            f"prompt tokens, more than --diagnose-tokens {diagnose_tokens:,}) was held in memory, "
+            "and the diagnosis (losses by cause, routing included, and recommendations) covers "
+            "all of it."
+        )
     if summary.advice_skipped:
         notes.append(f"No measured router ranking or capacity advice: {summary.advice_skipped}.")
     if summary.keyless_requests and summary.router == "consistent-hash":

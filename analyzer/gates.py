@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.diagnose.losses import CATEGORIES
+from analyzer.engines import ENGINES
 from analyzer.errors import PrefixcheckError
 from analyzer.shares import share
 
-ENGINES = ("vllm", "sglang")
 _LOSS_LIMIT = re.compile(r"^\s*([A-Za-z_-]+)\s*=\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
 
 

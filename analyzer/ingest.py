@@ -108,6 +108,7 @@ class ChunkedIngest:
                 progress=chunk_progress,
                 cache_dir=self.options.cache_dir,
                 chunk_state=self.state,
+                routing_fields=self.options.fields.routing if self.options.fields else (),
             )
             if not any(r.messages for r in batch):
                 for record in batch:  # the workload holds the ids now; only chats are re-rendered

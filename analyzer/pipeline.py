@@ -11,17 +11,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from analyzer.analysis import Analysis
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.diagnose.recommend import KvShape
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.fleet import FleetOptions
-from analyzer.fleet_run import (
-    FleetRun,
-    fleet_notes,
-    fleet_recommendations,
-    run_fleet,
-)
+from analyzer.fleet_fields import routing_fields, with_routing_fields
+from analyzer.fleet_run import FleetRun, fleet_notes, fleet_recommendations, run_fleet
 from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
@@ -35,7 +32,7 @@ from analyzer.prefixes import (
     template_groups,
 )
 from analyzer.progress import NoProgress, Progress
-from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log
+from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log, sample_of
 from analyzer.report import (
     DiagnosisScope,
     EngineSummary,
@@ -70,6 +67,8 @@ class AnalyzeOptions:
     # (counterfactual replays, curves) covers this many leading tokens. None: never stream.
     sample_tokens: int | None = DEFAULT_SAMPLE_TOKENS
     chunk_records: int = CHUNK_RECORDS  # requests read and tokenized at a time
+    diagnose: bool = True  # --no-diagnosis: hit rates, ceiling and shared prefixes only
+    check_curves: bool = False  # --check-curves: full LRU replays where the curves are checked
     fleet: FleetOptions | None = None  # --replicas: replay a fleet behind a router
     fleet_what_if: tuple[str, ...] = ()  # --what-if router=, replicas=, session-field=
 
@@ -79,16 +78,6 @@ class AnalyzeOptions:
         for spec in specs:
             spec.check(self.settings)
         object.__setattr__(self, "what_if", specs)
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """The report, the per-request table, and what they were computed from (input order)."""
-
-    report: Report
-    per_request: pl.DataFrame
-    tokenized: TokenizedLog
-    replays: Replays
 
 
 def analyze(
@@ -102,40 +91,56 @@ def analyze(
     progress = progress or NoProgress()
     try:
         reader = None if executor is None else executor.reader(paths, options, progress)
-        log = read(paths, options, progress, reader)
-        if options.fleet is not None:  # a fleet is routed and replayed as a whole
-            fleet_run = run_fleet(
-                log.sample.tokenized,
-                options.settings,
-                options.fleet,
-                progress,
-                options.fleet_what_if,
-                options.sample_tokens,
-                routing_symbols(
-                    log.reader.loaded.records,
-                    log.sample.tokenized.requests,
-                    _hash_trace(log.reader.loaded),
-                ),
-            )
-            replayed = fleet_run.replayed
-        else:
-            fleet_run = None
-            replayed = replay_log(
-                log.sample.tokenized,
-                log.rest,
-                options.settings,
-                progress,
-                namespace_labels=log.labels,
-                caches=None if executor is None else executor.caches(),
-            )
-        diagnosed = diagnose(log, replayed, options, progress, fleet_run)
-        analysis = report(log, replayed, diagnosed, options, fleet_run)
+        analysis = _analyzed(paths, options, progress, executor, reader)
         if executor is None:
             return analysis
         return replace(analysis, report=replace(analysis.report, executor=executor.describe()))
     finally:
         if executor is not None:
             executor.close()
+
+
+def _analyzed(
+    paths: list[Path],
+    options: AnalyzeOptions,
+    progress: Progress,
+    executor: Executor | None,
+    reader: ChunkedIngest | None,
+) -> Analysis:
+    log = read(paths, options, progress, reader)
+    if options.fleet is not None:  # a fleet is routed and replayed as a whole
+        fleet_run = run_fleet(
+            log.sample.tokenized,
+            options.settings,
+            options.fleet,
+            progress,
+            options.fleet_what_if,
+            options.sample_tokens,
+            routing_symbols(
+                log.reader.loaded.records,
+                log.sample.tokenized.requests,
+                _hash_trace(log.reader.loaded),
+            ),
+        )
+        replayed = fleet_run.replayed
+    else:
+        fleet_run = None
+        replayed = replay_log(
+            log.sample.tokenized,
+            log.rest,
+            options.settings,
+            progress,
+            namespace_labels=log.labels,
+            sample_trie=options.diagnose,
+            caches=None if executor is None else executor.caches(),
+        )
+    if not options.diagnose:
+        return report(log, replayed, None, options, fleet_run)
+    if fleet_run is None and not options.settings.sequential and replayed.order is None:
+        # replayed whole in memory for its mode: diagnosed on its leading sample all the same
+        replayed = _leading_sample(replayed, options.sample_tokens)
+    diagnosed = diagnose(log, replayed, options, progress, fleet_run)
+    return report(log, replayed, diagnosed, options, fleet_run)
 
 
 @dataclass
@@ -160,7 +165,12 @@ def read(
 ) -> ReadLog:
     """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
     sequential reads the whole log); the rest is read as the replay streams it."""
-    reader = reader or ChunkedIngest(paths, options.ingest, progress)
+    routed = routing_fields(options.fleet, options.fleet_what_if)
+    ingest = with_routing_fields(options.ingest, routed)
+    if reader is None:
+        reader = ChunkedIngest(paths, ingest, progress)
+    else:  # an executor's reader: the same options
+        reader.options = ingest
     chunks = reader.chunks(options.chunk_records)
     head = _head(chunks, sample_budget(options))
     sample = reader.finished(head)
@@ -213,13 +223,14 @@ def diagnose(
         progress,
         kv=KvShape(shape.name, shape.kv_bytes_per_token(KV_DTYPE_BYTES)),
         fleet_hits=fleet_hits,
+        check_curves=options.check_curves,
     )
 
 
 def report(
     log: ReadLog,
     replayed: Replayed,
-    diagnosed: DiagnoseResult,
+    diagnosed: DiagnoseResult | None,
     options: AnalyzeOptions,
     fleet_run: FleetRun | None = None,
 ) -> Analysis:
@@ -235,7 +246,7 @@ def report(
         for prefix in shared_prefixes(
             replays.trie, top=4 * options.top_prefixes + 10, min_extension=TEMPLATE_MIN_TOKENS
         )
-        if not diagnosed.values.ends_inside(prefix.tokens)
+        if diagnosed is None or not diagnosed.values.ends_inside(prefix.tokens)
     ]
     # The top prefixes, and the leading prefix of each of the top templates (so that a template's
     # variants do not crowd the others out).
@@ -279,14 +290,19 @@ def report(
         server_comparison=server_comparison,
         shared_prefixes=[
             _prefix_summary(
-                prefix, block_size, decoder, options.redact, whole, diagnosed.padding_saves
+                prefix,
+                block_size,
+                decoder,
+                options.redact,
+                whole,
+                diagnosed.padding_saves if diagnosed else {},
             )
             for prefix in prefixes
         ],
-        recommendations=diagnosed.diagnosis.recommendations
+        recommendations=(diagnosed.diagnosis.recommendations if diagnosed else [])
         + ([] if fleet_run is None else fleet_recommendations(fleet_run.summary, options.fleet)),
-        diagnosis=diagnosed.diagnosis,
-        diagnosis_scope=_diagnosis_scope(replayed),
+        diagnosis=diagnosed.diagnosis if diagnosed else None,
+        diagnosis_scope=_diagnosis_scope(replayed) if diagnosed else None,
         notes=tokenization_note(server_comparison)
         + _notes(whole, _hash_trace(loaded), options.ingest.hash_block_size)
         + _loading_notes(loaded.answers_joined)
@@ -295,8 +311,8 @@ def report(
             if replayed.order is not None
             else []
         )
-        + ([_streaming_note(sample, whole)] if replayed.streamed else [])
-        + ([] if fleet_run is None else fleet_notes(fleet_run.summary)),
+        + ([_sample_note(sample, whole, settings)] if replayed.streamed and diagnosed else [])
+        + ([] if fleet_run is None else fleet_notes(fleet_run.summary, options.sample_tokens)),
         run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),
@@ -307,12 +323,15 @@ def report(
         ),
         fleet=None if fleet_run is None else fleet_run.summary,
     )
-    losses = pl.DataFrame(diagnosed.per_request)
-    if replayed.streamed:  # per-request causes for the diagnosed sample only
-        losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
+    per_request = _per_request(whole.requests, replays)
+    if diagnosed is not None:
+        losses = pl.DataFrame(diagnosed.per_request)
+        if replayed.streamed:  # per-request causes for the diagnosed sample only
+            losses = pl.concat([losses, _nulls(losses, whole.requests.height - losses.height)])
+        per_request = per_request.hstack(losses)
     return Analysis(
         report=report,
-        per_request=_with_fleet(_per_request(whole.requests, replays).hstack(losses), fleet_run),
+        per_request=_with_fleet(per_request, fleet_run),
         tokenized=sample,
         replays=replayed.sample_replays,
     )
@@ -383,9 +402,25 @@ def _has_chats(loaded: LoadResult) -> bool:
     return any(r.messages for r in loaded.records)
 
 
-def _streaming_note(sample: TokenizedLog, whole: LogTable) -> str:
+def _leading_sample(replayed: Replayed, budget: int | None) -> Replayed:
+    """``replayed`` with its diagnosis sample cut to the leading requests up to ``budget`` prompt
+    tokens (at least one): a replay in arrival order or with requests in flight is causal, so
+    its first k requests' results are those of the first k alone."""
+    log = replayed.sample
+    offsets = log.workload.prompt_offsets
+    if budget is None or int(offsets[-1]) <= budget:
+        return replayed
+    n = max(1, int(np.searchsorted(offsets, budget, side="right")) - 1)
+    sample = replace(log, requests=log.requests.head(n), workload=log.workload.select(np.arange(n)))
+    return replace(
+        replayed, sample=sample, sample_replays=sample_of(replayed.replays, sample.workload)
+    )
+
+
+def _sample_note(sample: TokenizedLog, whole: LogTable, settings: ReplaySettings) -> str:
+    how = "streamed" if settings.sequential else "replayed whole, in its replay mode"
     return (
-        f"The log was streamed: hit rates, the ceiling and shared prefixes cover all "
+        f"The log was {how}: hit rates, the ceiling and shared prefixes cover all "
         f"{whole.requests.height:,} requests; losses by cause, dynamic content, recommendations "
         f"and curves were measured on the first {sample.workload.n_requests:,} "
         f"({int(sample.workload.prompt_offsets[-1]):,} prompt tokens; raise --diagnose-tokens "

@@ -14,18 +14,16 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import polars as pl
 
+from analyzer.settings import ReplaySettings
 from cache_models.result import ReplayResult
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
-
-if TYPE_CHECKING:  # replay imports this module
-    from analyzer.replay import ReplaySettings
 
 T = TypeVar("T")
 

@@ -22,7 +22,8 @@ class Record:
     cache, when the log has it (compared with the replay), and ``server_prompt_tokens`` its count
     of the prompt's tokens (ours equal it when we tokenize as the server did); ``request_id``
     joins answers logged apart from their request (vLLM's ``Generated response`` lines, Batch
-    API output files).
+    API output files). ``routing`` holds the fleet's dotted routing fields of the line
+    (``--session-field``, ``--replica-field``), by path.
     """
 
     file: str
@@ -32,7 +33,7 @@ class Record:
     prompt: str | None = None
     prompt_token_ids: list[int] | np.ndarray | None = None
     output_text: str | None = None
-    output_token_ids: list[int] | None = None
+    output_token_ids: list[int] | np.ndarray | None = None
     output_message: Message | None = None
     output_length: int | None = None
     finish_reason: str | None = None
@@ -48,6 +49,7 @@ class Record:
     server_cached_tokens: int | None = None
     server_prompt_tokens: int | None = None
     request_id: str | None = None
+    routing: dict[str, str | None] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None  # None: as the engine does for a chat / a prompt

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from analyzer.diagnose.model import Diagnosis, DiagnosisScope, Recommendation
 from analyzer.errors import Skip, SkipLog
+from analyzer.fleet_run import FleetSummary
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
 from analyzer.server_compare import ServerComparison
 from analyzer.shares import share
 
-if TYPE_CHECKING:
-    from analyzer.diagnose.model import Diagnosis
-    from analyzer.fleet_run import FleetSummary
-
 SCHEMA_VERSION = 1
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 SKIP_EXAMPLES = 5
 
 
@@ -79,16 +77,6 @@ class PrefixSummary:
 
 
 @dataclass(frozen=True)
-class Recommendation:
-    kind: str
-    summary: str  # the fix and its measured effect on the engines it helps
-    details: dict[str, Any] = field(default_factory=dict)
-    measured: dict[str, Any] | None = None
-    why: str = ""  # one line: why it recovers tokens (and what it costs)
-    engines: list[str] = field(default_factory=list)  # the engines it saves tokens on
-
-
-@dataclass(frozen=True)
 class SkipSummary:
     count: int
     reasons: dict[str, int]
@@ -102,54 +90,6 @@ class SkipSummary:
             reasons=dict(log.reasons.most_common()),
             examples=[str(skip) for skip in log.kept[:SKIP_EXAMPLES]],
         )
-
-
-@dataclass(frozen=True)
-class DiagnosisScope:
-    """The requests the diagnosis covered: the whole log, or its leading sample when streamed.
-
-    It is the one denominator of every share the diagnosis shows (losses, curves, sweeps, bounds,
-    what-ifs): each renderer takes its shares and its description from here, so no table divides
-    a sample's tokens by the whole log's."""
-
-    requests: int
-    prompt_tokens: int
-    ceiling_hit_tokens: int
-    whole_log: bool
-    log_requests: int
-    log_prompt_tokens: int
-    hit_tokens: dict[str, int]  # each engine's hits on these requests (replayed with the log)
-
-    def share(self, tokens: float) -> float:
-        """``tokens`` as a share of the scope's prompt tokens."""
-        return share(tokens, self.prompt_tokens)
-
-    @property
-    def description(self) -> str:
-        """What the shares are over, in words, for the caption beside each table."""
-        if self.whole_log:
-            return (
-                f"over the whole log: {self.requests:,} requests, "
-                f"{self.prompt_tokens:,} prompt tokens"
-            )
-        rates = ", ".join(
-            f"{ENGINE_NAMES.get(engine, engine)} {self.share(hits):.1%}"
-            for engine, hits in self.hit_tokens.items()
-        )
-        return (
-            f"over the first {self.requests:,} requests, {self.prompt_tokens:,} prompt tokens "
-            f"({share(self.prompt_tokens, self.log_prompt_tokens):.1%} of the log's "
-            f"{self.log_prompt_tokens:,}), where the hit rates are {rates}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **asdict(self),
-            "share_of_log_prompt_tokens": share(self.prompt_tokens, self.log_prompt_tokens),
-            "hit_rate": {engine: self.share(hits) for engine, hits in self.hit_tokens.items()},
-            "ceiling_hit_rate": self.share(self.ceiling_hit_tokens),
-            "description": self.description,
-        }
 
 
 @dataclass(frozen=True)
@@ -180,6 +120,11 @@ class Report:
     diagnosis_scope: DiagnosisScope | None = None
     executor: dict[str, Any] | None = None  # where it ran, when not in this process (--executor)
     fleet: FleetSummary | None = None  # --replicas: the fleet beside one instance
+
+    @cached_property
+    def json(self) -> dict[str, Any]:
+        """``to_dict()``, computed once: what the JSON file, the gates and the CI renderers read."""
+        return self.to_dict()
 
     @property
     def alignment_share(self) -> float:

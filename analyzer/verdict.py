@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.diagnose.recommend import MIN_GAIN_SHARE
+from analyzer.engines import ENGINE_LABELS
 
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 NO_FIX = f"none: no fix replayed saves {MIN_GAIN_SHARE:.1%} of the prompt tokens on either engine"
 # Causes no fix of the log or the engine removes: new tokens, and the token computed for logits.
 UNAVOIDABLE = ("never_seen", "last_token")
@@ -25,7 +25,7 @@ class Verdict:
     @classmethod
     def of(cls, report: dict[str, Any]) -> Verdict:
         rates = " · ".join(
-            f"{LABELS.get(name, name)} {summary['hit_rate']:.1%}"
+            f"{ENGINE_LABELS.get(name, name)} {summary['hit_rate']:.1%}"
             for name, summary in report["engines"].items()
         )
         hit_rates = (
@@ -64,9 +64,9 @@ def _biggest_cause(report: dict[str, Any]) -> str:
         )
     tokens, cause, engine = max(found)
     share = losses[engine][cause]["share"]
-    engines = [LABELS.get(e, e) for e, c in losses.items() if c[cause]["tokens"] == tokens]
+    engines = [ENGINE_LABELS.get(e, e) for e, c in losses.items() if c[cause]["tokens"] == tokens]
     others = {
-        LABELS.get(e, e): causes[cause]["share"]
+        ENGINE_LABELS.get(e, e): causes[cause]["share"]
         for e, causes in losses.items()
         if causes[cause]["tokens"] != tokens
     }

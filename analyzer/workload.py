@@ -56,6 +56,11 @@ class TokenizedLog(LogTable):
     workload: Workload
 
 
+def routing_column(path: str) -> str:
+    """The requests frame's column of a routing field (``--session-field``, ``--replica-field``)."""
+    return f"routing:{path}"
+
+
 def build_workload(
     records: Sequence[Record],
     tokenizer: Tokenizer,
@@ -65,8 +70,12 @@ def build_workload(
     progress: Progress | None = None,
     cache_dir: Path | None = None,
     chunk_state: ChunkState | None = None,
+    routing_fields: Sequence[str] = (),
 ) -> TokenizedLog:
     """Tokenize every record exactly as the server would; records that fail become Skips.
+
+    Each of ``routing_fields`` (the fleet's dotted fields) becomes a string column of the
+    requests frame, named by ``routing_column``.
 
     Token ids are read from and written to the token cache under ``cache_dir`` (None: no cache).
     ``chunk_state`` makes this one chunk of a longer log (None: the records are the whole log).
@@ -161,6 +170,12 @@ def build_workload(
             "prompt_tokens": workload.prompt_lengths,
             "output_tokens": workload.output_lengths,
             "output_known": [outputs[i][1] for i in final],
+        }
+        | {
+            routing_column(path): pl.Series(
+                [(r.routing or {}).get(path) for r in kept], dtype=pl.String
+            )
+            for path in routing_fields
         },
         schema_overrides={
             "arrival_s": pl.Float64,

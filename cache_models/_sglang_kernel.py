@@ -5,8 +5,9 @@ tokens are a span of one token arena. Children are found through an open-address
 (parent, namespace, first page). Evictable leaves sit in a persistent binary heap with lazy
 deletion: every change to a node's key or evictability gives it a new version, and only the entry
 carrying the current version counts. The replay stops before a request when node rows or arena room
-run short; the caller grows them and resumes, so memory follows the live tree and the pool, not the
-log. The tree is a handful of arrays because every call passes (and reference-counts) each one.
+run short; the caller (``sglang_radix._replay_fast``, the adapter) grows them and resumes, so
+memory follows the live tree and the pool, not the log. The tree is a handful of arrays because
+every call passes (and reference-counts) each one.
 
 The server settings follow the reference exactly: each request's ``priority`` goes into every
 insert (``UnifiedRadixCache`` inserts with ``req.priority or 0``, the prompt split with + 1);
@@ -23,8 +24,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from cache_models.config import SglangConfig
-from cache_models.workload import Workload
+from cache_models import engine_rules as rules
 
 POLICY_CODES = {
     "lru": 0,
@@ -38,7 +38,6 @@ POLICY_CODES = {
 }
 LRU, LFU, FIFO, MRU, FILO, BY_PRIORITY, SLRU, TLRU = range(8)
 NO_EVICTION = -1  # an unbounded pool: no eviction heap at all
-MAX_PRIORITY = 2**63 - 1
 ANCESTOR_STAMP_STEP = 0.00001
 ROOT = 0
 EMPTY, TOMB = -1, -2
@@ -566,7 +565,7 @@ def _checkpoint(
     _take(t, -duplicates, bounded)
     prompt_pages = prompt_len // ps * ps
     if 0 < prompt_pages < length:
-        split = min(priority, MAX_PRIORITY - 1) + 1
+        split = rules.sglang_split_priority(priority)
         _insert(t, tokens, prompt_pages, ns, prompt_pages, prompt_pages, split, ps, policy)
     _unlock(t, node, policy)
     _lock(t, last, policy)
@@ -607,7 +606,7 @@ def _decode(t: Tree, start: int, steps: int, bounded: bool, ps: int, policy: int
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _nodes_needed(prompt_len: int, chunk: int) -> int:
+def nodes_needed(prompt_len: int, chunk: int) -> int:
     chunks = prompt_len // chunk + 2 if chunk > 0 else 1
     return 2 + 3 * (chunks + 2)
 
@@ -646,13 +645,13 @@ def replay_sequential(
         p0, p1 = prompt_offsets[i], prompt_offsets[i + 1]
         o0, o1 = output_offsets[i], output_offsets[i + 1]
         prompt_len, n_out = p1 - p0, o1 - o0
-        steps = n_out if stop_finish[i] and overlap else n_out - 1
+        steps = rules.sglang_kv_steps(n_out, stop_finish[i], overlap)
         final_len = prompt_len + steps
-        if bounded and (final_len + ps - 1) // ps > capacity_pages:
+        if rules.never_fits(final_len, ps, capacity_pages if bounded else -1):
             rejected[i] = 1
             continue
         room = len(t.arena) - t.ints[ARENA_TOP]
-        if t.ints[FREE_TOP] < _nodes_needed(prompt_len, chunk) or room < prompt_len + n_out:
+        if t.ints[FREE_TOP] < nodes_needed(prompt_len, chunk) or room < prompt_len + n_out:
             return i
         buf[:prompt_len] = prompt_tokens[p0:p1]
         buf[prompt_len : prompt_len + n_out] = output_tokens[o0:o1]
@@ -662,9 +661,7 @@ def replay_sequential(
             if t.ints[PASSES] % 32 == 0:
                 _match(t, buf, prompt_len, ns, ps, policy)
             t.ints[PASSES] += 1
-        limit = prompt_len - 1
-        if hit_limit[i] >= 0:
-            limit = min(limit, hit_limit[i])
+        limit = rules.sglang_match_limit(prompt_len, hit_limit[i])
         matched, node = _match(t, buf, limit, ns, ps, policy)
         prio = priority[i]
         hit[i] = matched
@@ -672,13 +669,7 @@ def replay_sequential(
         protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
         start, is_first = matched, True
         while True:  # prefill chunks (PrefillAdder)
-            remaining = prompt_len - start
-            if chunk > 0 and is_first and (remaining + ps - 1) // ps * ps > chunk:
-                end = (start + chunk // ps * ps) // ps * ps
-            elif chunk > 0 and not is_first and remaining > chunk:
-                end = start + chunk
-            else:
-                end = prompt_len
+            end = rules.chunk_end(start, prompt_len, chunk, ps, is_first)
             is_first = False
             _alloc_extend(t, start, end, bounded, ps, policy)
             if end >= prompt_len:
@@ -729,57 +720,3 @@ def _compact_arena(t: Tree, old_arena: np.ndarray) -> None:
             t.nodes[n, KEY_START] = top
             top += length
     t.ints[ARENA_TOP] = top
-
-
-def replay(
-    config: SglangConfig, workload: Workload, tree: Tree | None = None
-) -> tuple[dict[str, np.ndarray], Tree]:
-    """Sequential replay from ``tree`` (None: an empty cache): the per-request hit and counters,
-    and the tree it leaves."""
-    bounded = config.capacity_tokens is not None
-    ps = config.page_size
-    policy = POLICY_CODES[config.eviction_policy] if bounded else NO_EVICTION
-    capacity_pages = (config.capacity_tokens or 0) // ps
-    n = workload.n_requests
-    out = {name: np.zeros(n, np.int64) for name in ("hit", *COUNTERS)}
-    lengths = workload.prompt_lengths + workload.output_lengths
-    longest = int(lengths.max()) if n else 0
-    if tree is None:
-        tree = new_tree(INITIAL_ROWS, max(4 * longest, INITIAL_ARENA), capacity_pages * ps)
-    buf = np.zeros(longest, np.int32)
-    tree.ints[SLRU_THRESHOLD] = config.slru_protected_threshold
-    tree.ints[TLRU_TAIL] = config.tlru_threshold - config.tlru_next_prompt_estimate
-    inputs = (
-        *workload.kernel_inputs(),
-        workload.priorities,
-        workload.hit_limits,
-        config.overlap_schedule,
-    )
-    refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
-    chunk = config.chunked_prefill_size
-    first = 0
-    while first < n:
-        first = replay_sequential(
-            tree,
-            *inputs,
-            first,
-            bounded,
-            capacity_pages,
-            ps,
-            chunk,
-            refresh,
-            policy,
-            out["hit"],
-            *(out[name] for name in COUNTERS),
-            buf,
-        )
-        if first < n:  # grow the rows or the arena, then resume at request ``first``
-            rows = len(tree.nodes)
-            if tree.ints[FREE_TOP] < _nodes_needed(int(workload.prompt_lengths[first]), chunk):
-                rows *= 2
-            live = int(tree.ints[EVICTABLE] + tree.ints[PROTECTED])
-            arena = len(tree.arena)
-            if 2 * (live + int(lengths[first])) > arena:
-                arena = 2 * (live + int(lengths[first]))
-            tree = grown(tree, rows, arena, ps, policy)
-    return out, tree

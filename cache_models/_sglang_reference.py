@@ -17,6 +17,7 @@ from itertools import islice
 
 import numpy as np
 
+from cache_models import engine_rules as rules
 from cache_models._sglang_tree import Node, RadixTree
 from cache_models.config import SglangConfig
 from cache_models.workload import Workload
@@ -35,47 +36,31 @@ def _ceil_div(a: int, b: int) -> int:
 
 def chunk_ends(hit: int, prompt_len: int, chunk: int, page_size: int) -> list[int]:
     """Where each prefill chunk ends (PrefillAdder: the first chunk is page-aligned)."""
-    ends: list[int] = []
-    start, first = hit, True
-    while True:
-        remaining = prompt_len - start
-        if chunk and first and _ceil_div(remaining, page_size) * page_size > chunk:
-            end = (start + chunk // page_size * page_size) // page_size * page_size
-        elif chunk and not first and remaining > chunk:
-            end = start + chunk
-        else:
-            end = prompt_len
-        first = False
-        ends.append(end)
-        if end >= prompt_len:
-            return ends
-        start = end
+    ends = [int(rules.chunk_end(hit, prompt_len, chunk, page_size, True))]
+    while ends[-1] < prompt_len:
+        ends.append(int(rules.chunk_end(ends[-1], prompt_len, chunk, page_size, False)))
+    return ends
 
 
 def kv_steps(output_len: int, stop_finish: bool, overlap_schedule: bool = True) -> int:
-    """Decode steps that compute KV: all N outputs on a stop under the overlap scheduler (one more
-    step was in flight: ``Scheduler._reqs_finishing_inflight``), else N-1."""
-    return output_len if stop_finish and overlap_schedule else output_len - 1
+    """Decode steps that compute KV (``engine_rules.sglang_kv_steps``)."""
+    return int(rules.sglang_kv_steps(output_len, bool(stop_finish), bool(overlap_schedule)))
 
 
 def match_limit(prompt_len: int, hit_limit: int) -> int:
-    """``Req._compute_max_prefix_len``: L-1, capped by ``logprob_start_len`` (``hit_limit``) for a
-    request with ``return_logprob``."""
-    limit = prompt_len - 1
-    return min(limit, hit_limit) if hit_limit >= 0 else limit
+    """The match's limit (``engine_rules.sglang_match_limit``)."""
+    return int(rules.sglang_match_limit(prompt_len, hit_limit))
 
 
 def split_priority(priority: int) -> int:
-    """The prompt split's insert priority: +1, saturating at int64's maximum (UnifiedRadixCache)."""
-    return min(priority + 1, 2**63 - 1)
+    """The prompt split's insert priority (``engine_rules.sglang_split_priority``)."""
+    return int(rules.sglang_split_priority(priority))
 
 
 def never_fits(prompt_len: int, steps: int, config: SglangConfig) -> bool:
     """True when the request's own KV at its peak exceeds the whole pool."""
-    if config.capacity_tokens is None:
-        return False
-    ps = config.page_size
-    return _ceil_div(prompt_len + steps, ps) > config.capacity_tokens // ps
+    pages = -1 if config.usable_pages is None else config.usable_pages
+    return bool(rules.never_fits(prompt_len + steps, config.page_size, pages))
 
 
 class KvPool:
@@ -85,8 +70,7 @@ class KvPool:
         self.tree = tree
         self.page_size = config.page_size
         self.unbounded = config.capacity_tokens is None
-        cap = config.capacity_tokens or 0
-        self.free = cap // self.page_size * self.page_size
+        self.free = (config.usable_pages or 0) * self.page_size
         self.evicted_tokens = 0
 
     def evict_to(self, num_tokens: int) -> None:

@@ -32,6 +32,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from cache_models import engine_rules as rules
+
 # The numpy error model drops the division-by-zero checks (block size and rates are validated
 # positive by the config), which makes the hot loops about 1.5x faster.
 jit = njit(cache=True, error_model="numpy")
@@ -453,15 +455,6 @@ def allocate_slots(
     return pool, True
 
 
-@jit
-def chunk(remaining: int, threshold: int, budget_left: int) -> int:
-    """Scheduler.schedule's tokens for one request: capped by a positive threshold
-    (--long-prefill-token-threshold), then by the step's budget left."""
-    if 0 < threshold < remaining:
-        remaining = threshold
-    return min(remaining, budget_left)
-
-
 # ------------------------------------------------------------------------------------ replays
 
 
@@ -512,9 +505,8 @@ def replay_lock_step(
             next_new += 1
         if n_running == 0 and n_preempted == 0 and next_new == n:
             return pool
-        step_threshold = threshold
-        if n_running + n_preempted + runnable_from[next_new] <= 1:
-            step_threshold = 0
+        eligible = n_running + n_preempted + runnable_from[next_new]
+        step_threshold = rules.vllm_step_threshold(threshold, eligible)
         left = budget
         n_scheduled = 0
         preempted = False
@@ -522,7 +514,9 @@ def replay_lock_step(
         while i < n_running and left > 0:
             s = running[i]
             r = slots.info[s, REQ]
-            n_new = chunk(num_tokens[r] - slots.info[s, N_COMPUTED], step_threshold, left)
+            n_new = rules.vllm_chunk(
+                num_tokens[r] - slots.info[s, N_COMPUTED], step_threshold, left
+            )
             n_to = slots.info[s, N_COMPUTED] + n_new
             pool, ok = allocate_slots(pool, slots, s, n_to, block_size, tally)
             while not ok:  # preempt the newest running request, maybe s itself
@@ -563,7 +557,7 @@ def replay_lock_step(
             n_blocks = (num_tokens[r] + block_size - 1) // block_size
             if not can_allocate(pool, table, n_hit, n_blocks):
                 break
-            n_new = chunk(num_tokens[r] - n_hit * block_size, step_threshold, left)
+            n_new = rules.vllm_chunk(num_tokens[r] - n_hit * block_size, step_threshold, left)
             n_to = n_hit * block_size + n_new
             if n_preempted:
                 n_preempted -= 1
@@ -654,8 +648,8 @@ def replay_in_time(
                 request_keys(p_tok, p_off, o_tok, o_off, namespace[r], r, block_size, head_keys)
                 head_req = r
             prompt_len = p_off[r + 1] - p_off[r]
-            peak_tokens = prompt_len + o_off[r + 1] - o_off[r] - 1
-            peak = (peak_tokens + block_size - 1) // block_size
+            peak_tokens = rules.vllm_peak_tokens(prompt_len, o_off[r + 1] - o_off[r])
+            peak = rules.ceil_div(peak_tokens, block_size)
             slots, s = next_slot(slots)
             table = slots.tables[s]
             n_hit = 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from cache_models import engine_rules as rules
 from cache_models.prefix_trie import TrieNodes
 from cache_models.trie_walk import child_map, child_of
 from cache_models.workload import Workload
@@ -61,12 +62,12 @@ def block_stream(
         offsets,
         items,
     )
-    peak_tokens = prompt_lengths + workload.output_lengths - 1
+    peak_tokens = rules.vllm_peak_tokens(prompt_lengths, workload.output_lengths)
     return BlockStream(
         items=items,
         offsets=offsets,
         lookup=(prompt_lengths - 1) // block_size,
-        peak=-(-peak_tokens // block_size),
+        peak=rules.ceil_div(peak_tokens, block_size),
         n_items=int(n_items),
         block_size=block_size,
     )

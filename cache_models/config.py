@@ -14,6 +14,12 @@ SGLANG_EVICTION_POLICIES: tuple[str, ...] = typing.get_args(SglangEvictionPolicy
 SGLANG_SERVER_EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "slru", "priority", "tlru")
 
 
+def blocks_in(capacity_tokens: int | None, size: int) -> int | None:
+    """Whole blocks (vLLM) or pages (SGLang) of ``size`` tokens in a capacity (None: unbounded).
+    The one place a capacity in tokens becomes blocks or pages."""
+    return None if capacity_tokens is None else capacity_tokens // size
+
+
 @dataclass(frozen=True)
 class TimeModel:
     """Service times for a replay in arrival time: a request holds its KV from admission to finish.
@@ -67,6 +73,11 @@ class VllmConfig:
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
 
+    @property
+    def usable_blocks(self) -> int | None:
+        """Blocks the cache holds (None: unbounded)."""
+        return blocks_in(self.capacity_tokens, self.block_size)
+
 
 @dataclass(frozen=True)
 class SglangConfig:
@@ -116,3 +127,8 @@ class SglangConfig:
             raise ValueError("chunked_prefill_size must be >= 0")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
+
+    @property
+    def usable_pages(self) -> int | None:
+        """Whole pages the KV pool holds (None: unbounded)."""
+        return blocks_in(self.capacity_tokens, self.page_size)

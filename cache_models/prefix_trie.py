@@ -80,6 +80,13 @@ class View:
             raise ValueError(f"bad view {self}")
 
 
+@njit(cache=True)
+def _empty_children():
+    """The child map, made in compiled code: ``Dict.empty`` called from Python compiles its
+    constructor anew in every process (~0.3 s), this is loaded from numba's cache."""
+    return Dict.empty(key_type=types.int64, value_type=types.int64)
+
+
 class PrefixTrie:
     """The ideal prefix cache, and per ``View`` an engine's unbounded one: replays a workload, or
     a log chunk by chunk (``feed``), and keeps the trie for later questions."""
@@ -93,7 +100,7 @@ class PrefixTrie:
         self.views = list(views)
         self._granularity = np.array([v.granularity for v in self.views], np.int64)
         self._vllm = np.array([v.engine == "vllm" for v in self.views], np.bool_)
-        self._children = Dict.empty(key_type=types.int64, value_type=types.int64)
+        self._children = _empty_children()
         self._columns = np.zeros((1024, N_COLUMNS), np.int64)
         self._best = np.zeros((1024, len(self.views)), np.int64)
         self._store = np.zeros(1 << 16, np.int32)
@@ -124,12 +131,13 @@ class PrefixTrie:
 
     @property
     def nodes(self) -> TrieNodes:
-        """The trie of everything fed so far (a copy: later feeds leave it as it is)."""
+        """The trie of everything fed so far (later feeds leave it as it is: the node columns are
+        copied; the store is a view, as feeds only append to it or move it to a larger buffer)."""
         if self._nodes is None:
             n, columns = int(self._sizes[N_NODES]), self._columns
             self._nodes = TrieNodes(
                 *(columns[:n, c].copy() for c in range(N_COLUMNS)),
-                store=self._store[: self._sizes[N_STORE]].copy(),
+                store=self._store[: self._sizes[N_STORE]],
             )
         return self._nodes
 

@@ -54,25 +54,25 @@ from typing import Literal
 
 import numpy as np
 
-from cache_models import _sglang_kernel
+from cache_models import _sglang_kernel as kernel
 from cache_models._sglang_reference import ReferenceReplay
 from cache_models.config import SglangConfig
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
 
-SglangEngine = Literal["fast", "reference"]
+Implementation = Literal["fast", "reference"]  # the numba kernel or the readable reference
 
 
 class SglangRadixCache:
-    """Replays workloads through SGLang's radix cache. ``engine="fast"`` (the default) runs
+    """Replays workloads through SGLang's radix cache. ``implementation="fast"`` (the default) runs
     sequential replays in the compiled kernel; ``"reference"`` runs the plain Python model, which
     also serves every concurrent or timed replay. Both give identical results."""
 
-    def __init__(self, config: SglangConfig, engine: SglangEngine = "fast") -> None:
-        if engine not in ("fast", "reference"):
-            raise ValueError(f"unknown engine {engine!r}")
+    def __init__(self, config: SglangConfig, implementation: Implementation = "fast") -> None:
+        if implementation not in ("fast", "reference"):
+            raise ValueError(f"unknown implementation {implementation!r}")
         self.config = config
-        self.engine = engine
+        self.implementation = implementation
 
     def replay(self, workload: Workload) -> ReplayResult:
         config = self.config
@@ -82,7 +82,7 @@ class SglangRadixCache:
             if not np.isfinite(workload.arrival_s).all():
                 raise ValueError("arrival times must be finite")
         sequential = config.max_in_flight == 1 and config.time_model is None
-        if self.engine == "fast" and sequential:
+        if self.implementation == "fast" and sequential:
             return self.session().feed(workload)
         replay = ReferenceReplay(config)
         replay.run(workload)
@@ -94,7 +94,7 @@ class SglangRadixCache:
             raise ValueError(
                 "only sequential replays stream: a session needs max_in_flight=1 and no time_model"
             )
-        return SglangSession(self.config, self.engine)
+        return SglangSession(self.config, self.implementation)
 
 
 class SglangSession:
@@ -102,16 +102,16 @@ class SglangSession:
     scheduler's pass count): ``feed`` gives each chunk's rows of the whole log's sequential
     replay (metrics of the chunk only, so they add up)."""
 
-    def __init__(self, config: SglangConfig, engine: SglangEngine) -> None:
+    def __init__(self, config: SglangConfig, implementation: Implementation) -> None:
         self.config = config
-        self.reference = ReferenceReplay(config) if engine == "reference" else None
-        self.tree: _sglang_kernel.Tree | None = None  # the fast path's tree, once fed
+        self.reference = ReferenceReplay(config) if implementation == "reference" else None
+        self.tree: kernel.Tree | None = None  # the fast path's tree, once fed
 
     def feed(self, chunk: Workload) -> ReplayResult:
         if self.reference is not None:
             self.reference.run(chunk)
             return _reference_result(chunk, self.reference)
-        out, self.tree = _sglang_kernel.replay(self.config, chunk, self.tree)
+        out, self.tree = _replay_fast(self.config, chunk, self.tree)
         return _result(chunk, out.pop("hit"), out)
 
     @property
@@ -141,3 +141,61 @@ def _result(workload: Workload, hit: np.ndarray, counters: dict[str, np.ndarray]
             "sglang:prompt_tokens_total": int(workload.prompt_lengths[served].sum()),
         },
     )
+
+
+def _replay_fast(
+    config: SglangConfig, workload: Workload, tree: kernel.Tree | None = None
+) -> tuple[dict[str, np.ndarray], kernel.Tree]:
+    """Sequential replay from ``tree`` (None: an empty cache): the per-request hit and counters,
+    and the tree it leaves."""
+    bounded = config.capacity_tokens is not None
+    ps = config.page_size
+    policy = kernel.POLICY_CODES[config.eviction_policy] if bounded else kernel.NO_EVICTION
+    capacity_pages = config.usable_pages or 0
+    n = workload.n_requests
+    out = {name: np.zeros(n, np.int64) for name in ("hit", *kernel.COUNTERS)}
+    lengths = workload.prompt_lengths + workload.output_lengths
+    longest = int(lengths.max()) if n else 0
+    if tree is None:
+        tree = kernel.new_tree(
+            kernel.INITIAL_ROWS, max(4 * longest, kernel.INITIAL_ARENA), capacity_pages * ps
+        )
+    buf = np.zeros(longest, np.int32)
+    tree.ints[kernel.SLRU_THRESHOLD] = config.slru_protected_threshold
+    tree.ints[kernel.TLRU_TAIL] = config.tlru_threshold - config.tlru_next_prompt_estimate
+    inputs = (
+        *workload.kernel_inputs(),
+        workload.priorities,
+        workload.hit_limits,
+        config.overlap_schedule,
+    )
+    refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
+    chunk = config.chunked_prefill_size
+    first = 0
+    while first < n:
+        first = kernel.replay_sequential(
+            tree,
+            *inputs,
+            first,
+            bounded,
+            capacity_pages,
+            ps,
+            chunk,
+            refresh,
+            policy,
+            out["hit"],
+            *(out[name] for name in kernel.COUNTERS),
+            buf,
+        )
+        if first < n:  # grow the rows or the arena, then resume at request ``first``
+            rows = len(tree.nodes)
+            if tree.ints[kernel.FREE_TOP] < kernel.nodes_needed(
+                int(workload.prompt_lengths[first]), chunk
+            ):
+                rows *= 2
+            live = int(tree.ints[kernel.EVICTABLE] + tree.ints[kernel.PROTECTED])
+            arena = len(tree.arena)
+            if 2 * (live + int(lengths[first])) > arena:
+                arena = 2 * (live + int(lengths[first]))
+            tree = kernel.grown(tree, rows, arena, ps, policy)
+    return out, tree

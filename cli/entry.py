@@ -3,7 +3,7 @@ the heavy imports (polars, numba, the cache models), so Ctrl-C at any moment end
 same way.
 
 Ctrl-C (exit 130) and SIGTERM (exit 143) end the run with one line, the forked workers with it
-(analyzer/diagnose/measure.py); an error no check anticipated (a bug) prints one line and a hint
+(analyzer/diagnose/scenarios.py); an error no check anticipated (a bug) prints one line and a hint
 to report it, and exits 70 (sysexits' EX_SOFTWARE, apart from 1, a gate, and 2, bad input);
 none of them prints a traceback.
 """

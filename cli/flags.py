@@ -370,7 +370,7 @@ class DiagnoseFlags:
         typer.Option(
             min=1,
             help="Logs with more prompt tokens are streamed (memory follows the caches, not the "
-            "log) and diagnosed on their first N tokens.",
+            "log) and diagnosed on their first N tokens; fleet runs are held and diagnosed whole.",
         ),
     ] = DEFAULT_SAMPLE_TOKENS
     what_if: Annotated[
@@ -391,6 +391,20 @@ class DiagnoseFlags:
             f"(default {DEFAULT_ESTIMATE_PRESET}; with --measure, tiny on CPU)."
         ),
     ] = None
+    diagnosis: Annotated[
+        bool,
+        typer.Option(
+            help="Diagnose the recomputed tokens (causes, curves, bounds, recommendations); "
+            "--no-diagnosis reports hit rates, the ceiling and shared prefixes only."
+        ),
+    ] = True
+    check_curves: Annotated[
+        bool,
+        typer.Option(
+            help="Check the capacity curves against full LRU replays (and Belady) at three "
+            "capacities: one replay each."
+        ),
+    ] = False
     specs: tuple[WhatIfSpec, ...] = field(init=False, repr=False)
     fleet_what_if: tuple[str, ...] = field(init=False, repr=False)  # router=, replicas=, ...
 
@@ -401,6 +415,8 @@ class DiagnoseFlags:
         object.__setattr__(self, "fleet_what_if", tuple(t for t in texts if is_fleet_fix(t)))
         if self.model_preset is not None:
             preset(self.model_preset)
+        if not self.diagnosis and (self.what_if or self.check_curves):
+            raise PrefixcheckError("--what-if and --check-curves need the diagnosis")
 
 
 @dataclass(frozen=True)

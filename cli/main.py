@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from analyzer.diagnose.html import html_report
 from analyzer.errors import PrefixcheckError
 from analyzer.executors import make_executor
 from analyzer.export import write_table
@@ -43,6 +42,7 @@ from cli.measure import logits_mismatch, measure_command
 from cli.outputs import junit_xml, markdown, publish_to_github
 from cli.progress import RichProgress
 from cli.render import render_gates, render_report
+from cli.render_html import html_report
 
 app = typer.Typer(
     add_completion=False,
@@ -136,9 +136,13 @@ def analyze_command(
             what_if=diagnose.specs,
             model_preset=diagnose.model_preset or DEFAULT_ESTIMATE_PRESET,
             sample_tokens=diagnose.diagnose_tokens,
+            diagnose=diagnose.diagnosis,
+            check_curves=diagnose.check_curves,
             fleet=fleet.options,
             fleet_what_if=diagnose.fleet_what_if,
         )
+        if not diagnose.diagnosis and any(limit.kind != "alignment" for limit in gates.limits):
+            raise PrefixcheckError("--max-loss needs the diagnosis (but alignment=...)")
         measure_with = (
             measurer(MeasureOptions(model_preset=diagnose.model_preset)) if measure else None
         )
@@ -152,12 +156,12 @@ def analyze_command(
             if measure_with is not None:
                 measured = measure_with(result, progress)
                 result = replace(result, report=replace(result.report, measurement=measured))
-        report = result.report.to_dict()
+        report = result.report
         checked = evaluate_gates(
-            report, fail_under=gates.rate, max_losses=gates.limits, engine=gates.engine
+            report.json, fail_under=gates.rate, max_losses=gates.limits, engine=gates.engine
         )
         if outputs.json_path is not None:
-            write_text(outputs.json_path, json.dumps(report, indent=2) + "\n")
+            write_text(outputs.json_path, json.dumps(report.json, indent=2) + "\n")
         if outputs.markdown_path is not None:
             write_text(outputs.markdown_path, markdown(report, checked))
         if outputs.html_path is not None:
@@ -185,10 +189,3 @@ def analyze_command(
     measurement = result.report.measurement
     if failed or (measurement is not None and logits_mismatch(measurement, errors)):
         raise typer.Exit(EXIT_GATE_FAILED)
-
-
-def main() -> None:
-    """The console script (see cli.entry, which installs the signal handlers first)."""
-    from cli.entry import main as entry
-
-    entry()

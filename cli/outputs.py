@@ -1,6 +1,7 @@
 """Report renderers for CI: Markdown (PR comments, step summaries), JUnit XML, GitHub annotations.
 
-They read the report's JSON form, so a saved report renders the same as a fresh one.
+Each takes the one report object; they read its JSON form (``Report.json``, the published
+schema), so a saved report renders the same as a fresh one.
 """
 
 from __future__ import annotations
@@ -13,10 +14,17 @@ from typing import Any
 
 from analyzer.errors import PrefixcheckError
 from analyzer.gates import GateResult
+from analyzer.report import Report
 
 
-def markdown(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
+def as_json(report: Report | dict[str, Any]) -> dict[str, Any]:
+    """The JSON form a renderer reads: of the report object, or a saved report as loaded."""
+    return report.json if isinstance(report, Report) else report
+
+
+def markdown(report: Report | dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
     """A compact Markdown summary: hit rates, gates, losses, shared prefixes, recommendations."""
+    report = as_json(report)
     lines = [
         "## prefixcheck",
         "",
@@ -87,8 +95,9 @@ def markdown(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def junit_xml(report: dict[str, Any], gates: Sequence[GateResult]) -> str:
+def junit_xml(report: Report | dict[str, Any], gates: Sequence[GateResult]) -> str:
     """JUnit XML with one test case per gate (one passing case when no gate is set)."""
+    report = as_json(report)
     failures = sum(not gate.passed for gate in gates)
     suite = ET.Element(
         "testsuite",
@@ -147,9 +156,10 @@ def github_warnings(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def publish_to_github(report: dict[str, Any], gates: Sequence[GateResult]) -> list[str]:
+def publish_to_github(report: Report | dict[str, Any], gates: Sequence[GateResult]) -> list[str]:
     """Under GitHub Actions: append the Markdown summary to $GITHUB_STEP_SUMMARY and return the
     annotation lines to print on stdout (empty outside Actions)."""
+    report = as_json(report)
     if os.environ.get("GITHUB_ACTIONS") != "true":
         return []
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -8,6 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from analyzer.engines import ENGINE_LABELS
 from analyzer.gates import GateResult
 from analyzer.report import EngineSummary, PrefixSummary, Report
 from analyzer.verdict import Verdict
@@ -18,7 +19,6 @@ from cli.render_measure import estimate_table, render_measurement
 
 WIDE_CONSOLE = 120
 """Consoles at least this wide show each prefix's snippet in its table row."""
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def render_report(report: Report, console: Console) -> None:
@@ -137,7 +137,7 @@ def _engines(report: Report) -> Table:
     for engine, hits in (belady or {}).items():
         shown = scope.share(hits) if scope is not None else hits / max(1, report.prompt_tokens)
         table.add_row(
-            f"Belady bound, {LABELS.get(engine, engine)}" + (" (sample)" if sampled else ""),
+            f"Belady bound, {ENGINE_LABELS.get(engine, engine)}" + (" (sample)" if sampled else ""),
             f"{hits:,}",
             f"{shown:.1%}",
             "-",

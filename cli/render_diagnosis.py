@@ -12,13 +12,13 @@ from rich.text import Text
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
 from analyzer.diagnose.model import Diagnosis
+from analyzer.engines import ENGINE_LABELS
 from analyzer.report import DiagnosisScope
 from analyzer.units import binary_bytes
 
 CURVE_ROWS = 10
 WIDE_CONSOLE = 120  # consoles at least this wide show example values in the table
 EIGHTHS = " ▏▎▍▌▋▊▉"
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 STYLES = {"vllm": "cyan", "sglang": "magenta"}
 
 
@@ -80,7 +80,7 @@ def _losses(diagnosis: Diagnosis, scope: DiagnosisScope) -> Table:
     table = Table(title="Recomputed prompt tokens by cause", box=box.SIMPLE, title_justify="left")
     table.add_column("cause")
     for engine in diagnosis.losses:
-        table.add_column(f"{LABELS[engine]} tokens", justify="right")
+        table.add_column(f"{ENGINE_LABELS[engine]} tokens", justify="right")
         table.add_column("share", justify="right")
     for name in CATEGORIES:
         cells = []
@@ -153,20 +153,26 @@ def _capacity_chart(
     if kv_bytes_per_token:
         table.add_column(f"KV on\n{model}", justify="right", no_wrap=True)
     for engine in curves:
-        table.add_column(LABELS[engine])
+        table.add_column(ENGINE_LABELS[engine])
     for capacity in _chart_capacities(curves):
         cells = []
         for engine, curve in curves.items():
             cells.append(bar(scope.share(_hits_at(curve, capacity)), width, STYLES[engine]))
         kv = [binary_bytes(capacity * kv_bytes_per_token)] if kv_bytes_per_token else []
         table.add_row(f"{capacity:,}", *kv, *cells)
-    errors = ", ".join(
-        f"{LABELS[engine]} ±{curve.max_abs_error(scope.prompt_tokens):.1%}"
+    errors = [
+        f"{ENGINE_LABELS[engine]} ±{error:.1%}"
         for engine, curve in curves.items()
+        if (error := curve.max_abs_error(scope.prompt_tokens)) is not None
+    ]
+    checked = (
+        f"The curve against full replays at a few capacities: {', '.join(errors)} of prompt "
+        "tokens at most. "
+        if errors
+        else "The curve is not checked against full replays (--check-curves does). "
     )
     table.caption = (
-        f"The curve against full replays at a few capacities: {errors} of prompt tokens at most. "
-        "The Belady bound at the configured capacity is a row of the hits table."
+        checked + "The Belady bound at the configured capacity is a row of the hits table."
     )
     table.caption_justify = "left"
     return table
@@ -197,7 +203,7 @@ def _size_chart(diagnosis: Diagnosis, scope: DiagnosisScope, width: int) -> Tabl
     table.add_column("size", justify="right")
     sweep = diagnosis.size_sweep
     for engine in sweep:
-        table.add_column(LABELS[engine])
+        table.add_column(ENGINE_LABELS[engine])
     sizes = sorted({p.size for points in sweep.values() for p in points})
     for size in sizes:
         cells = []
@@ -223,7 +229,7 @@ def _what_if(diagnosis: Diagnosis) -> Table:
             after = gain.hit_tokens_after / gain.prompt_tokens_after
             table.add_row(
                 item.name,
-                LABELS[engine],
+                ENGINE_LABELS[engine],
                 f"{before:.1%} → {after:.1%}",
                 f"{gain.recomputed_tokens_saved:+,}",
             )

@@ -7,10 +7,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from analyzer.engines import ENGINE_LABELS
 from analyzer.report import ModelSummary
 from analyzer.server_compare import ServerComparison
-
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def models_table(models: dict[str, ModelSummary]) -> Table:
@@ -51,7 +50,7 @@ def server_table(comparison: ServerComparison) -> Table:
     for engine, agreement in comparison.engines.items():
         share = agreement.hit_tokens / comparison.prompt_tokens if comparison.prompt_tokens else 0.0
         table.add_row(
-            f"{ENGINE_NAMES.get(engine, engine)} replay",
+            f"{ENGINE_LABELS.get(engine, engine)} replay",
             f"{agreement.hit_tokens:,}",
             f"{share:.1%}",
             f"{agreement.exact:.0%}",

@@ -8,10 +8,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from analyzer.engines import ENGINE_LABELS
 from analyzer.measure.estimate import PrefillEstimate
 from analyzer.measure.result import Measurement
-
-ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def estimate_table(estimate: PrefillEstimate) -> Table:

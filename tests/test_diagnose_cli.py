@@ -157,3 +157,48 @@ def test_unsorted_log_is_diagnosed_in_arrival_order(example: dict) -> None:
     table = pl.read_parquet(table_path)
     column = "vllm_lost_eviction"
     assert table[column].to_list() == example["table"][column].to_list()[::-1]
+
+
+def test_curves_unchecked_by_default(example: dict) -> None:
+    for curve in example["report"]["capacity_curve"].values():
+        assert curve["points"] and curve["checks"] == [] and curve["max_abs_error"] is None
+    assert "vs replays" not in example["output"]
+
+
+def test_no_diagnosis_keeps_hit_rates(example: dict, tmp_path: Path) -> None:
+    out = tmp_path / "bare.json"
+    flags = ["analyze", str(EXAMPLE), "--capacity-tokens", "8000", "--json", str(out), "--quiet"]
+    result = runner.invoke(app, [*flags, "--no-diagnosis"])
+    assert result.exit_code == 0, result.output
+    bare, full = json.loads(out.read_text()), example["report"]
+    for engine in ("vllm", "sglang"):
+        assert bare["engines"][engine] == full["engines"][engine]
+    assert bare["ceiling"] == full["ceiling"]
+    assert bare["shared_prefixes"] and bare["recommendations"] == []
+    assert "losses" not in bare and "capacity_curve" not in bare
+    refused = runner.invoke(app, [*flags, "--no-diagnosis", "--what-if", "block-size=32"])
+    assert refused.exit_code == 2 and "need the diagnosis" in refused.output
+    gated = runner.invoke(app, [*flags, "--no-diagnosis", "--max-loss", "eviction=5%"])
+    assert gated.exit_code == 2 and "needs the diagnosis" in gated.output
+    aligned = runner.invoke(app, [*flags, "--no-diagnosis", "--max-loss", "alignment=100%"])
+    assert aligned.exit_code == 0, aligned.output
+
+
+def test_replay_in_time_diagnoses_a_leading_sample(tmp_path: Path) -> None:
+    out = tmp_path / "timed.json"
+    per_request = tmp_path / "timed.parquet"
+    args = ["analyze", str(EXAMPLE), "--replay-in-time", "--diagnose-tokens", "20000"]
+    result = runner.invoke(
+        app, [*args, "--json", str(out), "--per-request", str(per_request), "--quiet"]
+    )
+    assert result.exit_code == 0, result.output
+    report, table = json.loads(out.read_text()), pl.read_parquet(per_request)
+    scope = report["diagnosis_scope"]
+    assert not scope["whole_log"] and 0 < scope["prompt_tokens"] <= 20000
+    assert scope["requests"] < report["requests"]
+    diagnosed = table.head(scope["requests"])
+    for engine in ("vllm", "sglang"):
+        lost = sum(diagnosed[f"{engine}_lost_{name}"] for name in CATEGORIES)
+        assert (lost == diagnosed["prompt_tokens"] - diagnosed[f"{engine}_hit"]).all()
+        assert table[f"{engine}_lost_eviction"][scope["requests"] :].null_count() > 0
+    assert any("replayed whole, in its replay mode" in note for note in report["notes"])

@@ -66,7 +66,7 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         if "cache_salt" in line:
             row["cache_salt"] = line["cache_salt"]
         rows.append(row)
-    report = run(text_log, "--capacity-tokens", CAPACITY)
+    report = run(text_log, "--capacity-tokens", CAPACITY, "--check-curves")
     return {"folder": folder, "requests": requests, "rows": rows, "report": report}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +163,51 @@ def test_the_logs_own_placement(tmp_path: Path) -> None:
     assert [names[r] for r in table["replica"]] == [r["pod"] for r in rows]
 
 
+def test_routing_fields_read_once_from_a_pipe(tmp_path: Path) -> None:
+    """--replica-field and --session-field with dotted paths are read as the lines are parsed:
+    a log on standard input (a pipe, read once) gets the same placement and keys as the file."""
+    log = conversations(tmp_path / "log.jsonl")
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    for row in rows:
+        row["meta"] = {"pod": row.pop("pod"), "session": {"id": row.pop("user")}}
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = ["--format", "tokens", "--quiet", "--per-request"]
+    runs = {}
+    for name, args in {
+        "placed": ["--replica-field", "meta.pod"],
+        "hashed": ["--replicas", "3", "--router", "hash", "--session-field", "meta.session.id"],
+    }.items():
+        piped, table = tmp_path / f"{name}.json", tmp_path / f"{name}.parquet"
+        with log.open("rb") as source:
+            cat = subprocess.Popen(["cat"], stdin=source, stdout=subprocess.PIPE)
+            result = subprocess.run(
+                [sys.executable, "-m", "cli.entry", "analyze", "-", *common, str(table)]
+                + ["--json", str(piped), *args],
+                stdin=cat.stdout,
+                capture_output=True,
+                text=True,
+            )
+            assert cat.stdout is not None
+            cat.stdout.close()
+            cat.wait()
+        assert result.returncode == 0, result.stderr
+        from_file, file_table = analyze(tmp_path, log, *args)
+        runs[name] = json.loads(piped.read_text()), pl.read_parquet(table)
+        assert runs[name][0]["fleet"] == from_file["fleet"]
+        assert runs[name][1]["replica"].to_list() == file_table["replica"].to_list()
+    report, table = runs["placed"]
+    names = [r["name"] for r in report["fleet"]["per_replica"]]
+    assert [names[r] for r in table["replica"]] == [r["meta"]["pod"] for r in rows]
+    report, table = runs["hashed"]
+    assert report["fleet"]["keyless_requests"] == 0
+    sessions = [r["meta"]["session"]["id"] for r in rows]
+    replicas_of: dict[str, set[int]] = {}
+    for session, replica in zip(sessions, table["replica"].to_list(), strict=True):
+        replicas_of.setdefault(session, set()).add(replica)
+    assert all(len(r) == 1 for r in replicas_of.values())  # a session stays on its replica
+    assert len(set().union(*replicas_of.values())) == 3
+
+
 def test_load_aware_routers_need_time() -> None:
     """Without timestamps every request finishes before the next: cache_aware's cold requests
     all go to replica 0 (the least loaded, first on ties). In time, requests overlap."""
@@ -314,3 +361,41 @@ def test_gaie_lru_forgets_the_oldest_hashes() -> None:
     router.route(second, load)
     assert set(router.pods) == {3, 9, 10}
     assert router.prefix_scores(first.blocks).tolist() == [0.0]
+
+
+def test_first_block_keys_are_the_first_blocks_bytes() -> None:
+    """The columnar first-block key is each prompt's namespace and the hex of its first block's
+    int32 bytes (shorter prompts: all of it), the key the hash router has always been given."""
+    from analyzer.fleet_keys import first_block_keys
+
+    rng = np.random.default_rng(3)
+    prompts = [
+        rng.integers(0, 2**31 - 1 if i % 2 else 300, rng.integers(1, 40)).astype(np.int32)
+        for i in range(500)
+    ]
+    outputs = [np.ones(1, np.int32)] * len(prompts)
+    namespace = rng.integers(0, 4, len(prompts))
+    workload = Workload.from_arrays(prompts, outputs, namespace=namespace)
+    for block_size in (1, 5, 16):
+        expected = [
+            f"{ns}:{p[:block_size].tobytes().hex()}"
+            for ns, p in zip(namespace, prompts, strict=True)
+        ]
+        assert first_block_keys(workload, block_size) == expected
+
+
+def test_a_fleet_over_diagnose_tokens_is_diagnosed_whole(tmp_path: Path) -> None:
+    """A fleet is not streamed: past --diagnose-tokens the diagnosis still covers every request,
+    the report says so, and only the measured router ranking is skipped."""
+    log = conversations(tmp_path / "log.jsonl")
+    report, table = analyze(tmp_path, log, "--replicas", "3", "--diagnose-tokens", "100")
+    scope, total = report["diagnosis_scope"], int(table["prompt_tokens"].sum())
+    assert scope["whole_log"] and scope["prompt_tokens"] == total
+    assert scope["requests"] == table.height
+    assert any(
+        n.startswith("Fleet runs are not streamed") and f"{total:,} prompt tokens" in n
+        for n in report["notes"]
+    )
+    assert "--diagnose-tokens" in report["fleet"]["advice_skipped"]
+    assert report["fleet"]["router_ranking"] == []
+    assert table["vllm_lost_routing"].null_count() == 0  # per-request causes for all

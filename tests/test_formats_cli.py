@@ -223,7 +223,7 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
             stdout=out,
             check=True,
         )
-    ready = "import cli.main\nprint('ready', flush=True)\ncli.main.main()"
+    ready = "import cli.main\nprint('ready', flush=True)\nimport cli.entry\ncli.entry.main()"
     process = subprocess.Popen(
         [sys.executable, "-c", ready, "analyze", str(log), "--no-cache"],
         cwd=ROOT,

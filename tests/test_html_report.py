@@ -10,8 +10,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from analyzer.diagnose.html import CAUSE_COLORS
 from cli.main import app
+from cli.render_html import CAUSE_COLORS
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from analyzer.errors import PrefixcheckError, StrictModeError
+from analyzer.errors import PrefixcheckError, Skip, StrictModeError
 from analyzer.loaders import detect_format, load_logs
 from analyzer.loaders.hash_trace import expand_hash_ids
+from analyzer.loaders.jsonl import json_object
 
 
 def write_lines(path: Path, lines: list[object]) -> Path:
@@ -80,8 +82,9 @@ def test_tokens_format(tmp_path: Path) -> None:
     loaded = load_logs([log])
     assert loaded.formats[str(log)] == "tokens"
     (record,) = loaded.records
-    assert record.prompt_token_ids == [1, 2, 3]
-    assert record.output_token_ids == [4]
+    assert record.prompt_token_ids.dtype == np.int32  # type: ignore[union-attr]
+    assert list(record.prompt_token_ids) == [1, 2, 3]
+    assert list(record.output_token_ids) == [4]
     assert (record.cache_salt, record.finish_reason) == ("s", "stop")
 
 
@@ -115,6 +118,13 @@ def test_hash_trace_format(tmp_path: Path) -> None:
         ("", "blank line"),
         ({"prompt_token_ids": []}, "empty prompt_token_ids"),
         ({"prompt_token_ids": [1, "x"]}, "field 'prompt_token_ids'[1] must be an integer"),
+        ({"prompt_token_ids": [1, 2, True]}, "field 'prompt_token_ids'[2] must be an integer"),
+        ({"prompt_token_ids": [1, 2.0]}, "field 'prompt_token_ids'[1] must be an integer"),
+        ({"prompt_token_ids": [1, [2]]}, "field 'prompt_token_ids'[1] must be an integer"),
+        ({"prompt_token_ids": [3, -1]}, "field 'prompt_token_ids'[1] = -1 is outside 0..2^31-1"),
+        ({"prompt_token_ids": [2**31, 0]}, "field 'prompt_token_ids'[0] = 2147483648 is outside"),
+        ({"prompt_token_ids": [0, 2**70]}, "field 'prompt_token_ids'[1] = 1180591620717411303424"),
+        ({"prompt_token_ids": [1], "output_token_ids": [0, False]}, "field 'output_token_ids'[1]"),
         ({"prompt_token_ids": [1], "cache_salt": 5}, "field 'cache_salt' must be a string"),
         ({"output_token_ids": [1]}, "missing field 'prompt_token_ids'"),
     ],
@@ -186,3 +196,24 @@ def test_several_files_keep_order(tmp_path: Path) -> None:
     loaded = load_logs([first, second])
     assert [r.file for r in loaded.records] == [str(first), str(second)]
     assert loaded.formats == {str(first): "tokens", str(second): "prompt"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"prompt_token_ids": [1, 2, 3], "x": -0, "y": 1.5e308, "z": "\\u00e9"}',
+        b'{"a": "\\ud800", "b": 123456789012345678901234567890}',  # msgspec refuses the surrogate
+        b'{"a": 1, "a": 2}',
+        '{"a": "é"}'.encode("utf-16"),  # the standard library detects UTF-16
+    ],
+)
+def test_json_lines_read_as_the_standard_library_does(raw: bytes) -> None:
+    assert json_object(raw, "f", 1) == json.loads(raw)
+
+
+def test_json_lines_the_fast_decoder_refuses_keep_their_reading() -> None:
+    nan = json_object(b'{"timestamp": NaN, "prompt": "x"}', "f", 1)
+    assert isinstance(nan, dict) and math.isnan(nan["timestamp"])
+    assert json_object(b"[1, 2]", "f", 3) == Skip("f", 3, "expected a JSON object, got list")
+    bad = json_object(b'{"a": 1} x', "f", 2)
+    assert isinstance(bad, Skip) and bad.reason.startswith("malformed JSON (Extra data")

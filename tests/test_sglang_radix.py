@@ -10,7 +10,7 @@ import pytest
 from cache_models import _sglang_kernel
 from cache_models.config import SGLANG_EVICTION_POLICIES, SglangConfig, TimeModel
 from cache_models.result import ReplayResult
-from cache_models.sglang_radix import SglangRadixCache, SglangSession
+from cache_models.sglang_radix import SglangRadixCache, SglangSession, _replay_fast
 from cache_models.workload import Workload
 from tests.chunking import assert_chunks_add_up, random_chunks
 from tests.golden.workloads import random_workload
@@ -144,7 +144,7 @@ def build(requests: list[dict[str, Any]], stop: bool = False) -> Workload:
 
 
 def replay(workload: Workload, engine: str = "reference", **config: Any) -> ReplayResult:
-    cache = SglangRadixCache(SglangConfig(**config), engine=engine)  # type: ignore[arg-type]
+    cache = SglangRadixCache(SglangConfig(**config), implementation=engine)  # type: ignore[arg-type]
     return cache.replay(workload)
 
 
@@ -361,7 +361,7 @@ def test_fast_engine_grows_its_arrays_without_changing_a_hit(
     config = {"page_size": page_size, "capacity_tokens": capacity, "chunked_prefill_size": chunk}
     monkeypatch.setattr(_sglang_kernel, "INITIAL_ROWS", 16)
     monkeypatch.setattr(_sglang_kernel, "INITIAL_ARENA", 16)
-    out, tree = _sglang_kernel.replay(SglangConfig(**config), workload)
+    out, tree = _replay_fast(SglangConfig(**config), workload)
     assert len(tree.nodes) > 16
     if capacity is None:  # the arena grew
         assert len(tree.arena) > 4 * largest_request(workload)
@@ -373,7 +373,7 @@ def test_fast_engine_grows_its_arrays_without_changing_a_hit(
 def test_fast_engine_memory_follows_the_pool_not_the_log() -> None:
     workload = random_tokens_workload(29, 3000)
     capacity = 2 * largest_request(workload)
-    out, tree = _sglang_kernel.replay(SglangConfig(capacity_tokens=capacity), workload)
+    out, tree = _replay_fast(SglangConfig(capacity_tokens=capacity), workload)
     assert out["evicted_tokens"].sum() > 10 * capacity
     assert len(tree.nodes) == _sglang_kernel.INITIAL_ROWS
     assert len(tree.arena) <= max(4 * largest_request(workload), _sglang_kernel.INITIAL_ARENA)
@@ -387,8 +387,8 @@ def test_an_empty_workload_replays_to_nothing(engine: str) -> None:
 
 
 def test_bad_inputs_are_refused() -> None:
-    with pytest.raises(ValueError, match="engine"):
-        SglangRadixCache(SglangConfig(), engine="gpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="implementation"):
+        SglangRadixCache(SglangConfig(), implementation="gpu")  # type: ignore[arg-type]
     timed = SglangRadixCache(SglangConfig(time_model=TimeModel()))
     with pytest.raises(ValueError, match="arrival_s"):
         timed.replay(Workload.from_lists([[1, 2]]))
@@ -435,7 +435,7 @@ def test_session_chunks_equal_one_replay(policy: str, page_size: int, chunk: int
 
 
 def new_session(config: SglangConfig, engine: str) -> SglangSession:
-    return SglangRadixCache(config, engine=engine).session()  # type: ignore[arg-type]
+    return SglangRadixCache(config, implementation=engine).session()  # type: ignore[arg-type]
 
 
 def session_state(session: SglangSession) -> list[object]:

@@ -64,7 +64,7 @@ def disagreements(path: Path, engine: str) -> list[str]:
     out = []
     for case in golden["cases"]:
         config = SglangConfig(**{name: case[name] for name in CONFIG_FIELDS if name in case})
-        result = SglangRadixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+        result = SglangRadixCache(config, implementation=engine).replay(workload)  # type: ignore[arg-type]
         c = result.counters
         tree = np.cumsum(c["inserted_tokens"] - c["evicted_tokens"]).tolist()
         hits = result.hit_tokens.tolist()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "chat_logs.jsonl"
 # The diagnosis forks its replays for logs of 2M tokens or more; here for any log.
 SCRIPT = (
-    "import sys, analyzer.diagnose.measure as m\n"
+    "import sys, analyzer.diagnose.scenarios as m\n"
     "m.PARALLEL_MIN_TOKENS = 0\n"
     "from cli.entry import main\n"
     "sys.argv = ['prefixcheck', 'analyze', *sys.argv[1:]]\n"
@@ -100,8 +100,14 @@ def test_signal_ends_the_run_cleanly(
     process = _start(cache, plain=stage == "importing")
     if stage == "importing":
         time.sleep(0.3)  # python is still importing polars, numba, the cache models
-    elif stage == "running":
-        time.sleep(2.5)  # reading, tokenizing or replaying, whichever it has reached
+    elif stage == "running":  # reading, tokenizing or replaying, whichever it has reached
+        # Not a fixed sleep: on a loaded machine the imports alone can outlast one, and a signal
+        # before the handlers are in place is not what this stage checks. The token cache's
+        # folder appears once the run reads its first requests.
+        deadline = time.monotonic() + 120
+        while not cache.exists() and process.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
     else:
         deadline = time.monotonic() + 120
         while not _children(process.pid) and process.poll() is None:

@@ -41,7 +41,7 @@ def replay(
         max_in_flight=max_in_flight,
     )
     workload = Workload.from_lists(prompts, outputs, namespace)
-    return VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+    return VllmPrefixCache(config, implementation=engine).replay(workload)  # type: ignore[arg-type]
 
 
 def hits(*args: object, **kwargs: object) -> list[int]:
@@ -148,7 +148,7 @@ class TestCounters:
 
     def test_unbounded_never_evicts(self, engine: str) -> None:
         workload = to_workload(random_workload(3, 60))
-        result = VllmPrefixCache(VllmConfig(block_size=4), engine=engine).replay(workload)  # type: ignore[arg-type]
+        result = VllmPrefixCache(VllmConfig(block_size=4), implementation=engine).replay(workload)  # type: ignore[arg-type]
         assert not result.counters["evicted_blocks"].any()
 
     def test_a_request_that_can_never_fit_is_rejected(self, engine: str) -> None:
@@ -170,7 +170,7 @@ class TestCounters:
     def test_metrics_total_the_first_admissions(self, engine: str) -> None:
         workload = to_workload(random_workload(5, 80))
         config = VllmConfig(block_size=16, capacity_tokens=16 * 40, max_in_flight=4)
-        result = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+        result = VllmPrefixCache(config, implementation=engine).replay(workload)  # type: ignore[arg-type]
         assert result.engine == "vllm"
         assert result.metrics["vllm:prefix_cache_queries"] == workload.prompt_lengths.sum()
         assert result.metrics["vllm:prefix_cache_hits"] == result.hit_tokens.sum()
@@ -191,7 +191,7 @@ def test_hit_bounds(engine: str, block_size: int) -> None:
     for workload in random_workloads():
         for capacity in (None, 40 * block_size):
             config = VllmConfig(block_size=block_size, capacity_tokens=capacity, max_in_flight=2)
-            hit = VllmPrefixCache(config, engine=engine).replay(workload).hit_tokens  # type: ignore[arg-type]
+            hit = VllmPrefixCache(config, implementation=engine).replay(workload).hit_tokens  # type: ignore[arg-type]
             assert (hit % block_size == 0).all()
             assert (hit <= (workload.prompt_lengths - 1) // block_size * block_size).all()
 
@@ -199,10 +199,12 @@ def test_hit_bounds(engine: str, block_size: int) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_unbounded_hits_never_below_bounded(engine: str) -> None:
     for workload in random_workloads():
-        unbounded = VllmPrefixCache(VllmConfig(block_size=4), engine=engine).replay(workload)  # type: ignore[arg-type]
+        unbounded = VllmPrefixCache(VllmConfig(block_size=4), implementation=engine).replay(
+            workload
+        )  # type: ignore[arg-type]
         for blocks in (20, 60, 200):
             config = VllmConfig(block_size=4, capacity_tokens=4 * blocks)
-            bounded = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+            bounded = VllmPrefixCache(config, implementation=engine).replay(workload)  # type: ignore[arg-type]
             assert (bounded.hit_tokens <= unbounded.hit_tokens).all()
         assert unbounded.total_hit_tokens > 0
 
@@ -211,7 +213,7 @@ def test_unbounded_hits_never_below_bounded(engine: str) -> None:
 def test_namespaces_isolate(engine: str) -> None:
     workload = to_workload(random_workload(7, 80))
     config = VllmConfig(block_size=4)
-    cache = VllmPrefixCache(config, engine=engine)  # type: ignore[arg-type]
+    cache = VllmPrefixCache(config, implementation=engine)  # type: ignore[arg-type]
     together = cache.replay(workload).hit_tokens
     assert together.sum() > 0
     # Replaying each namespace alone gives the same hits: nothing is shared across them.
@@ -239,18 +241,18 @@ def with_arrivals(workload: Workload, arrival_s: np.ndarray) -> Workload:
 def test_time_model_reduces_to_sequential(engine: str, capacity: int | None) -> None:
     workload = to_workload(random_workload(11, 80))
     sequential = VllmConfig(block_size=4, capacity_tokens=capacity)
-    expected = VllmPrefixCache(sequential, engine=engine).replay(workload)  # type: ignore[arg-type]
+    expected = VllmPrefixCache(sequential, implementation=engine).replay(workload)  # type: ignore[arg-type]
     timed = replace(sequential, max_in_flight=8, time_model=TimeModel())
     # Far apart: each request finishes long before the next arrives.
     far = with_arrivals(workload, np.arange(workload.n_requests) * 1e4)
-    result = VllmPrefixCache(timed, engine=engine).replay(far)  # type: ignore[arg-type]
+    result = VllmPrefixCache(timed, implementation=engine).replay(far)  # type: ignore[arg-type]
     np.testing.assert_array_equal(result.hit_tokens, expected.hit_tokens)
     for name, values in expected.counters.items():
         np.testing.assert_array_equal(result.counters[name], values, err_msg=name)
     # One in flight: arrival times no longer matter.
     one = replace(timed, max_in_flight=1)
     burst = with_arrivals(workload, np.zeros(workload.n_requests))
-    result = VllmPrefixCache(one, engine=engine).replay(burst)  # type: ignore[arg-type]
+    result = VllmPrefixCache(one, implementation=engine).replay(burst)  # type: ignore[arg-type]
     np.testing.assert_array_equal(result.hit_tokens, expected.hit_tokens)
 
 
@@ -265,12 +267,12 @@ def test_time_model_frees_in_finish_order(engine: str) -> None:
     )
     # a (3 blocks) and b (2) run together and b finishes first, so b's blocks reach the free
     # queue before a's: c evicts b's second block and a's follow-up hits all of a.
-    together = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+    together = VllmPrefixCache(config, implementation=engine).replay(workload)  # type: ignore[arg-type]
     assert together.hit_tokens.tolist() == [0, 0, 0, 8, 4]
     assert together.counters["evicted_blocks"].tolist() == [0, 0, 1, 0, 1]
     # One at a time, a is freed first and c evicts a's second block instead.
     one = replace(config, max_in_flight=1)
-    in_turn = VllmPrefixCache(one, engine=engine).replay(workload)  # type: ignore[arg-type]
+    in_turn = VllmPrefixCache(one, implementation=engine).replay(workload)  # type: ignore[arg-type]
     assert in_turn.hit_tokens.tolist() == [0, 0, 0, 4, 4]
     assert in_turn.counters["evicted_blocks"].tolist() == [0, 0, 1, 1, 1]
 
@@ -304,8 +306,8 @@ def test_fast_equals_reference(config: VllmConfig) -> None:
         workload = to_workload(random_workload(seed, 120))
         gaps = np.random.default_rng(seed).exponential(0.05, workload.n_requests)
         workload = with_arrivals(workload, np.cumsum(gaps))
-        fast = VllmPrefixCache(config, engine="fast").replay(workload)
-        reference = VllmPrefixCache(config, engine="reference").replay(workload)
+        fast = VllmPrefixCache(config, implementation="fast").replay(workload)
+        reference = VllmPrefixCache(config, implementation="reference").replay(workload)
         np.testing.assert_array_equal(fast.hit_tokens, reference.hit_tokens)
         for name, values in reference.counters.items():
             np.testing.assert_array_equal(fast.counters[name], values, err_msg=name)
@@ -372,7 +374,7 @@ def test_prompts_one_token_apart(engine: str) -> None:
 def test_empty_workload(engine: str, max_in_flight: int) -> None:
     empty = Workload.from_lists([], [])
     config = VllmConfig(capacity_tokens=64, max_in_flight=max_in_flight)
-    result = VllmPrefixCache(config, engine=engine).replay(empty)  # type: ignore[arg-type]
+    result = VllmPrefixCache(config, implementation=engine).replay(empty)  # type: ignore[arg-type]
     assert len(result.hit_tokens) == 0
     assert result.metrics["vllm:prefix_cache_queries"] == 0
 
@@ -404,12 +406,14 @@ def test_session_chunks_equal_one_replay(
         workload = session_workload(seed)
         tokens = None if capacity is None else int(capacity * largest_peak(workload))
         config = VllmConfig(block_size=block_size, capacity_tokens=tokens)
-        at_once = VllmPrefixCache(config, engine=engine).session()  # type: ignore[arg-type]
+        at_once = VllmPrefixCache(config, implementation=engine).session()  # type: ignore[arg-type]
         whole = at_once.feed(workload)
-        session = VllmPrefixCache(config, engine=engine).session()  # type: ignore[arg-type]
+        session = VllmPrefixCache(config, implementation=engine).session()  # type: ignore[arg-type]
         parts = [session.feed(chunk) for chunk in random_chunks(workload, seed)]
         assert_chunks_add_up(parts, whole)
-        assert_chunks_add_up([whole], VllmPrefixCache(config, engine="reference").replay(workload))
+        assert_chunks_add_up(
+            [whole], VllmPrefixCache(config, implementation="reference").replay(workload)
+        )
         assert session_state(session) == session_state(at_once)
         if capacity == 1.5:
             assert whole.counters["evicted_blocks"].sum() > 0

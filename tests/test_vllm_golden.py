@@ -44,7 +44,7 @@ def check(
     workload = to_workload(golden["requests"])
     for case in golden["configs"]:
         config = configure(case)
-        result = VllmPrefixCache(config, engine=engine).replay(workload)  # type: ignore[arg-type]
+        result = VllmPrefixCache(config, implementation=engine).replay(workload)  # type: ignore[arg-type]
         where = f"seed {golden['seed']} {case['capacity']} {config}"
         np.testing.assert_array_equal(result.hit_tokens, case["hit"], err_msg=where)
         np.testing.assert_array_equal(

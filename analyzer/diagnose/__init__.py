@@ -12,11 +12,11 @@ from analyzer.diagnose.capacity import capacity_curves
 from analyzer.diagnose.dynamic import Site, Spans, ValueRanges, find_dynamic_content
 from analyzer.diagnose.fixes import apply_edits, original_hits, with_namespace
 from analyzer.diagnose.losses import CATEGORIES, Ceilings, attribute
-from analyzer.diagnose.measure import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
 from analyzer.diagnose.parts import PartsSource, Reordered
 from analyzer.diagnose.plans import Context, PadTarget, static_runs, what_if_plan
 from analyzer.diagnose.recommend import Evidence, KvShape, recommend
+from analyzer.diagnose.scenarios import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.sweep import size_sweep
 from analyzer.prefixes import TEMPLATE_MIN_TOKENS, shared_prefixes
 from analyzer.progress import NoProgress, Progress
@@ -48,6 +48,7 @@ class DiagnoseInput:
     what_if: tuple[str, ...] = ()
     reordered: Reordered | None = None  # the log with its message parts in one order
     kv: KvShape | None = None  # the model shape capacity advice also gives bytes for
+    check_curves: bool = False  # replay LRU at a few capacities to check the curves
     fleet_hits: dict[str, np.ndarray] | None = None  # fleet replays: hits on the chosen replicas
 
 
@@ -73,6 +74,7 @@ def diagnose_log(
     progress: Progress | None = None,
     kv: KvShape | None = None,
     fleet_hits: dict[str, np.ndarray] | None = None,
+    check_curves: bool = False,
 ) -> DiagnoseResult:
     """``diagnose`` for the pipeline: the workload, replays and request table in input order,
     replayed in ``order`` (None: as they are); per-request losses come back in input order.
@@ -110,6 +112,7 @@ def diagnose_log(
         what_if=what_if,
         reordered=reordered,
         kv=kv,
+        check_curves=check_curves,
         fleet_hits=fleet_hits,
     )
     result = diagnose(inputs, progress)
@@ -174,7 +177,9 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         reordered=inputs.reordered,
         relocate=lambda moved: _relocated(moved, inputs),
     )
-    curves, belady = capacity_curves(replays.trie, workload, settings, inputs.servers)
+    curves, belady = capacity_curves(
+        replays.trie, workload, settings, inputs.servers, check=inputs.check_curves
+    )
     sweep = size_sweep(workload, settings, hits, inputs.servers)
     totals = {e: losses[e].totals() for e in losses}
     evidence = Evidence(

@@ -1,5 +1,5 @@
 """Hit rate against cache capacity: the LRU curve of each engine in one pass (stack distances),
-checked against full replays at a few capacities, with the Belady bound beside it."""
+checked on request against full replays at a few capacities, with the Belady bound beside it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.diagnose.measure import Scenario, replay_many, server_parts
+from analyzer.diagnose.scenarios import Scenario, replay_many, server_parts
 from analyzer.replay import ReplaySettings
+from cache_models import engine_rules as rules
 from cache_models.belady import belady_hit_blocks
 from cache_models.block_stream import BlockStream, block_stream
+from cache_models.config import blocks_in
 from cache_models.prefix_trie import TrieNodes
 from cache_models.stack_distance import hit_blocks, hit_thresholds
 from cache_models.workload import Workload
@@ -48,14 +50,15 @@ class CapacityCurve:
     needed: dict[str, int]  # share of the unbounded hits -> capacity tokens (LRU model)
     valid_from_tokens: int  # below this the largest request does not fit: the model is rougher
 
-    def max_abs_error(self, prompt_tokens: int) -> float:
-        """The largest gap between model and replay at the checks, in hit rate."""
+    def max_abs_error(self, prompt_tokens: int) -> float | None:
+        """The largest gap between model and replay at the checks, in hit rate (None: not
+        checked)."""
         gaps = [
             abs(p.model_hit_tokens - p.replay_hit_tokens) / prompt_tokens
             for p in self.checks
             if p.replay_hit_tokens is not None
         ]
-        return max(gaps, default=0.0)
+        return max(gaps, default=None)
 
     def to_dict(self, prompt_tokens: int) -> dict[str, Any]:
         def point(p: CurvePoint) -> dict[str, Any]:
@@ -97,20 +100,26 @@ class _Model:
         return max(int(s.peak.max(initial=0)) for s in self.streams) * self.block_size
 
     def hit_tokens(self, capacity_tokens: int) -> int:
-        blocks = capacity_tokens // self.block_size
+        blocks = blocks_in(capacity_tokens, self.block_size) or 0
         return int(hit_blocks(self.thresholds, np.array([blocks]))[0]) * self.block_size
 
     def belady_tokens(self, capacity_tokens: int) -> int:
-        blocks = capacity_tokens // self.block_size
+        blocks = blocks_in(capacity_tokens, self.block_size) or 0
         hits = sum(int(belady_hit_blocks(s, blocks).sum()) for s in self.streams)
         return hits * self.block_size
 
 
 def capacity_curves(
-    trie: TrieNodes, workload: Workload, settings: ReplaySettings, servers: np.ndarray | None
+    trie: TrieNodes,
+    workload: Workload,
+    settings: ReplaySettings,
+    servers: np.ndarray | None,
+    check: bool = False,
 ) -> tuple[dict[str, CapacityCurve], dict[str, int] | None]:
     """Each engine's curve at its configured block / page size, and the Belady bound at the
-    configured capacity (None when unbounded); ``trie`` is built from ``workload``."""
+    configured capacity (None when unbounded); ``trie`` is built from ``workload``. With
+    ``check``, full LRU replays (and the Belady bound) at ``CHECK_SHARES`` of the unbounded hits
+    measure the curve's error (the curve alone costs one pass; the checks a replay each)."""
     models = _models(trie, workload, settings, servers)
     reference = models["vllm"]
     unbounded = len(reference.thresholds) * settings.block_size
@@ -119,7 +128,7 @@ def capacity_curves(
         {
             max(smallest, _capacity_for(reference, share * unbounded, settings))
             for share in CHECK_SHARES
-            if unbounded
+            if unbounded and check
         }
     )
     lru = replace(settings, eviction_policy="lru")
@@ -173,8 +182,8 @@ def _models(
     lengths = workload.prompt_lengths.astype(np.int64)
     outputs = workload.output_lengths.astype(np.int64)
     cached = {
-        "vllm": lengths + outputs - 1,  # all but the last output's KV
-        "sglang": lengths + np.where(workload.stop_finish, outputs, outputs - 1),
+        "vllm": rules.vllm_peak_tokens(lengths, outputs),  # all but the last output's KV
+        "sglang": lengths + rules.sglang_kv_steps(outputs, workload.stop_finish, True),
     }
     sizes = {"vllm": settings.block_size, "sglang": settings.page_size}
     for engine, size in sizes.items():

@@ -4,15 +4,14 @@ measured recommendations and what-ifs, with their JSON form."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from analyzer.diagnose.capacity import CapacityCurve
 from analyzer.diagnose.losses import CATEGORIES
-from analyzer.diagnose.measure import Gain
+from analyzer.diagnose.scenarios import Gain
 from analyzer.diagnose.sweep import SweepPoint
-
-if TYPE_CHECKING:
-    from analyzer.report import DiagnosisScope, Recommendation
+from analyzer.engines import ENGINE_LABELS
+from analyzer.shares import share
 
 LOSS_DEFINITIONS = {
     "never_seen": "(L - 1) - the ceiling with salts removed and dynamic values made constant: "
@@ -31,6 +30,64 @@ LOSS_DEFINITIONS = {
     "hits on the replicas the router chose (0 for one instance)",
     "ceiling": "the ideal cache: unbounded, token-exact, every prompt and cacheable answer kept",
 }
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    kind: str
+    summary: str  # the fix and its measured effect on the engines it helps
+    details: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] | None = None
+    why: str = ""  # one line: why it recovers tokens (and what it costs)
+    engines: list[str] = field(default_factory=list)  # the engines it saves tokens on
+
+
+@dataclass(frozen=True)
+class DiagnosisScope:
+    """The requests the diagnosis covered: the whole log, or its leading sample when streamed.
+
+    It is the one denominator of every share the diagnosis shows (losses, curves, sweeps, bounds,
+    what-ifs): each renderer takes its shares and its description from here, so no table divides
+    a sample's tokens by the whole log's."""
+
+    requests: int
+    prompt_tokens: int
+    ceiling_hit_tokens: int
+    whole_log: bool
+    log_requests: int
+    log_prompt_tokens: int
+    hit_tokens: dict[str, int]  # each engine's hits on these requests (replayed with the log)
+
+    def share(self, tokens: float) -> float:
+        """``tokens`` as a share of the scope's prompt tokens."""
+        return share(tokens, self.prompt_tokens)
+
+    @property
+    def description(self) -> str:
+        """What the shares are over, in words, for the caption beside each table."""
+        if self.whole_log:
+            return (
+                f"over the whole log: {self.requests:,} requests, "
+                f"{self.prompt_tokens:,} prompt tokens"
+            )
+        rates = ", ".join(
+            f"{ENGINE_LABELS.get(engine, engine)} {self.share(hits):.1%}"
+            for engine, hits in self.hit_tokens.items()
+        )
+        return (
+            f"over the first {self.requests:,} requests, {self.prompt_tokens:,} prompt tokens "
+            f"({share(self.prompt_tokens, self.log_prompt_tokens):.1%} of the log's "
+            f"{self.log_prompt_tokens:,}), where the hit rates are {rates}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "share_of_log_prompt_tokens": share(self.prompt_tokens, self.log_prompt_tokens),
+            "hit_rate": {engine: self.share(hits) for engine, hits in self.hit_tokens.items()},
+            "ceiling_hit_rate": self.share(self.ceiling_hit_tokens),
+            "description": self.description,
+        }
 
 
 @dataclass(frozen=True)
@@ -127,9 +184,9 @@ class Diagnosis:
                 for engine, curve in self.capacity_curves.items()
             },
             "capacity_curve_model": (
-                "LRU stack distances over blocks (vLLM) or pages (SGLang), one pass; checked "
-                f"against full LRU replays (max_abs_error, in hit rate); the configured "
-                f"SGLang policy is {self.eviction_policy}"
+                "LRU stack distances over blocks (vLLM) or pages (SGLang), one pass; with "
+                "--check-curves, checked against full LRU replays (max_abs_error, in hit rate; "
+                f"null when not checked); the configured SGLang policy is {self.eviction_policy}"
             ),
             "block_size_sweep": {
                 engine: [

@@ -12,8 +12,8 @@ from numba import njit
 
 from analyzer.diagnose.dynamic import Site, Spans
 from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
-from analyzer.diagnose.measure import ENGINES
 from analyzer.diagnose.parts import Reordered
+from analyzer.diagnose.scenarios import ENGINES
 from analyzer.diagnose.what_if import MOVING, Fix, WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.replay import ReplaySettings

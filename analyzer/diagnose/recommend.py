@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from analyzer.diagnose.capacity import CapacityCurve
-from analyzer.diagnose.measure import Gain, Scenario, gains, replay_many
-from analyzer.diagnose.model import DynamicSite
+from analyzer.diagnose.model import DynamicSite, Recommendation
 from analyzer.diagnose.plans import (
     Context,
     PadTarget,
@@ -23,8 +22,9 @@ from analyzer.diagnose.plans import (
     reorder_plan,
     salt_plan,
 )
+from analyzer.diagnose.scenarios import Gain, Scenario, gains, replay_many
 from analyzer.diagnose.sweep import SweepPoint
-from analyzer.report import Recommendation
+from analyzer.engines import ENGINE_LABELS
 from analyzer.units import binary_bytes
 
 MIN_GAIN_SHARE = 0.002
@@ -38,7 +38,6 @@ KEEP_OF_BEST_GAIN = 0.8
 # CUDA, takes kernel block sizes that are multiples of 16 (vllm/v1/attention/backends/
 # flash_attn.py, FlashAttentionBackend.get_supported_kernel_block_sizes).
 VLLM_BLOCK_MULTIPLE = 16
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 WHY = {
     "pad_prefix": "vLLM caches whole blocks only: the template's last partial block is recomputed "
     "for every request, and padding it to a block boundary makes it hittable",
@@ -211,7 +210,8 @@ def _size_items(context: Context, evidence: Evidence, floor: float) -> list[Reco
         measured = {engine: Gain(prompt, current.hit_tokens, prompt, choice.hit_tokens)}
         caveat = "" if engine == "vllm" else ", if the attention backend supports it"
         text = (
-            f"Use {LABELS[engine]} {flags[engine]} {choice.size} instead of {current.size}{caveat}"
+            f"Use {ENGINE_LABELS[engine]} {flags[engine]} {choice.size} instead of "
+            f"{current.size}{caveat}"
         )
         details = {"engine": engine, "size_before": current.size, "size_after": choice.size}
         items.append(_item("block_size", _describer(text), details, measured, floor))
@@ -239,7 +239,7 @@ def _item(
 def _describer(action: str) -> Describe:
     def describe(measured: dict[str, Gain]) -> str:
         effects = [
-            f"{LABELS[engine]} {gain.hit_tokens_before / gain.prompt_tokens_before:.1%} → "
+            f"{ENGINE_LABELS[engine]} {gain.hit_tokens_before / gain.prompt_tokens_before:.1%} → "
             f"{gain.hit_tokens_after / gain.prompt_tokens_after:.1%} "
             f"({gain.recomputed_tokens_saved:+,} tokens saved)"
             for engine, gain in measured.items()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from analyzer.diagnose.measure import Scenario, replay_many
+from analyzer.diagnose.scenarios import Scenario, replay_many
 from analyzer.replay import ReplaySettings
 from cache_models.workload import Workload
 

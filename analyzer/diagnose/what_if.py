@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from analyzer.engines import ENGINES
 from analyzer.errors import PrefixcheckError
 from cache_models.config import SGLANG_EVICTION_POLICIES
 
 if TYPE_CHECKING:
     from analyzer.replay import ReplaySettings
 
-ENGINES = ("vllm", "sglang")
 WHAT_IFS = (
     "pad-prefixes",
     "move-dynamic",

@@ -43,7 +43,9 @@ _ID_FACTOR = 0x9E3779B1  # odd: h -> h * A mod 2^31 is one-to-one
 _OFFSET_FACTOR = 0x7FEB352D
 
 
-def expand_hash_ids(hash_ids: list[int], input_length: int, block_size: int) -> np.ndarray:
+def expand_hash_ids(
+    hash_ids: np.ndarray | list[int], input_length: int, block_size: int
+) -> np.ndarray:
     """The first ``input_length`` synthetic tokens of a run of ids."""
     ids = np.asarray(hash_ids, dtype=np.int64)[:, None]
     offsets = np.arange(block_size, dtype=np.int64)[None, :]
@@ -56,7 +58,7 @@ def parse(
 ) -> Record:
     hash_ids = int_list(obj, "hash_ids", required=True)
     input_length = optional_int(obj, "input_length")
-    if not hash_ids:
+    if hash_ids is None or not len(hash_ids):
         raise BadLine("empty hash_ids")
     if input_length is None:
         raise BadLine("missing field 'input_length'")
@@ -108,5 +110,7 @@ def _answer(
             f"{len(more)} output_hash_ids for input_length {input_length} and output_length "
             f"{output_length}: expected {expected} more blocks of {block_size} tokens"
         )
-    tokens = expand_hash_ids(hash_ids + more, input_length + output_length, block_size)
+    tokens = expand_hash_ids(
+        np.concatenate([hash_ids, more]), input_length + output_length, block_size
+    )
     return tokens[input_length:].tolist()

@@ -1,6 +1,8 @@
 """Field mapping for any JSON log: ``--prompt-field`` or ``--messages-field`` name where the
 request is (dotted paths such as ``payload.input.messages``); ``--time-field``,
-``--tenant-field`` and ``--salt-field`` also apply on top of a detected format."""
+``--tenant-field`` and ``--salt-field`` also apply on top of a detected format, and so do the
+fleet's dotted routing fields (``--session-field``, ``--replica-field``), read into
+``Record.routing`` as the line is parsed (once, so standard input works)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ class FieldMap:
     time: str | None = None
     tenant: str | None = None
     salt: str | None = None
+    routing: tuple[str, ...] = ()  # dotted fields the fleet routes or places by
 
     def has_request(self) -> bool:
         return self.prompt is not None or self.messages is not None
 
     def is_empty(self) -> bool:
-        return not any((self.prompt, self.messages, self.time, self.tenant, self.salt))
+        return not any(
+            (self.prompt, self.messages, self.time, self.tenant, self.salt, self.routing)
+        )
 
 
 def matches(obj: dict[str, Any]) -> bool:
@@ -54,7 +59,8 @@ def parse(obj: dict[str, Any], file: str, line: int, fields: FieldMap) -> Record
 def apply_overrides(
     parsed: Record | list[Record] | Answer, obj: dict[str, Any], fields: FieldMap
 ) -> None:
-    """Set arrival time, tenant and cache salt from the mapped fields, where named."""
+    """Set arrival time, tenant, cache salt and the routing fields from the mapped fields,
+    where named."""
     if isinstance(parsed, Answer):
         return
     for record in parsed if isinstance(parsed, list) else [parsed]:
@@ -64,6 +70,8 @@ def apply_overrides(
             record.tenant = _text(dotted(obj, fields.tenant))
         if fields.salt is not None:
             record.cache_salt = _text(dotted(obj, fields.salt))
+        if fields.routing:
+            record.routing = {path: _text(dotted(obj, path)) for path in fields.routing}
 
 
 def _text(value: Any) -> str | None:

@@ -309,17 +309,6 @@ def _lines(handle: IO[bytes]) -> Iterator[tuple[int, bytes | LongLine]]:
         yield number, LongLine(size)
 
 
-def iter_raw_lines(name: str) -> Iterator[tuple[int, bytes]]:
-    """``(line_number, bytes)`` for every line of a file read again after the run's own read
-    (a line over MAX_LINE_BYTES reads as empty). A pipe or standard input has nothing left."""
-    with open_binary(name) as handle:
-        try:
-            for number, line in _lines(handle):
-                yield number, line if isinstance(line, bytes) else b""
-        except (OSError, EOFError, zstandard.ZstdError) as exc:
-            raise PrefixcheckError(f"{name}: cannot decompress: {exc}") from None
-
-
 def iter_rows(name: str, meter: ReadMeter | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """The rows of a Parquet file as dicts, numbered from 1, JSON-text fields decoded."""
     import polars as pl

@@ -16,13 +16,14 @@ def matches(obj: dict[str, Any]) -> bool:
 
 def parse(obj: dict[str, Any], file: str, line: int) -> Record:
     prompt = int_list(obj, "prompt_token_ids", required=True)
-    if not prompt:
+    if prompt is None or not len(prompt):
         raise BadLine("empty prompt_token_ids")
+    output = int_list(obj, "output_token_ids", required=False)
     return Record(
         file=file,
         line=line,
         prompt_token_ids=prompt,
-        output_token_ids=int_list(obj, "output_token_ids", required=False) or None,
+        output_token_ids=output if output is not None and len(output) else None,
         finish_reason=optional_str(obj, "finish_reason"),
         cache_salt=optional_str(obj, "cache_salt") or None,
         lora=optional_str(obj, "lora") or None,

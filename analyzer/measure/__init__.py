@@ -15,8 +15,8 @@ from analyzer.errors import PrefixcheckError
 from analyzer.progress import Progress
 
 if TYPE_CHECKING:
+    from analyzer.analysis import Analysis
     from analyzer.measure.result import Measurement
-    from analyzer.pipeline import Analysis
 
 GPU_EXTRA_MISSING = (
     "prefixcheck measure needs the gpu extra ({missing} is not installed): "

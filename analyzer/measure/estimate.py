@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.measure.presets import ModelShape
+from analyzer.shares import share
 
 # Effective bf16 prefill throughput assumed for the seconds: an H100-class GPU at ~40% of peak.
 ASSUMED_TFLOPS = 400.0
@@ -89,7 +90,7 @@ def prefill_estimate(
         saved = float((full - prefill_flops(shape, prompt_lengths - hits, hits)).sum())
         engines[engine] = EngineEstimate(
             prefill_flops_saved=saved,
-            prefill_flops_saved_share=saved / total if total else 0.0,
+            prefill_flops_saved_share=share(saved, total),
             gpu_seconds_saved_at_assumed_tflops=saved / (ASSUMED_TFLOPS * 1e12),
             hit_kv_bytes=int(hits.sum()) * kv_bytes,
         )

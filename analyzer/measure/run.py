@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from analyzer.analysis import Analysis
 from analyzer.errors import PrefixcheckError
 from analyzer.measure import MeasureOptions
 from analyzer.measure.estimate import prefill_flops
@@ -33,7 +34,6 @@ from analyzer.measure.result import (
 from analyzer.measure.sampling import stratified_sample
 from analyzer.measure.timing import Timer, Timing
 from analyzer.measure.weights import load_decoder, read_shape
-from analyzer.pipeline import Analysis
 from analyzer.progress import Progress
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -42,7 +42,7 @@ def main() -> None:
     command = [
         sys.executable,
         "-c",
-        "from cli.main import main; main()",
+        "from cli.entry import main; main()",
         "analyze",
         str(args.trace),
         "--block-size",

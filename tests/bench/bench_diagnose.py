@@ -62,7 +62,14 @@ def main() -> None:
     print(f"{workload.n_requests:,} requests, {int(workload.prompt_offsets[-1]):,} prompt tokens")
     replays = replay_all(workload, settings)
     inputs = DiagnoseInput(
-        workload, replays, settings, np.zeros(workload.n_requests, np.int32), None, None, False
+        workload,
+        replays,
+        settings,
+        np.zeros(workload.n_requests, np.int32),
+        None,
+        None,
+        False,
+        check_curves=True,
     )
     diagnose(inputs)  # warm-up: compiles or loads every kernel
     times: dict[str, float] = {}

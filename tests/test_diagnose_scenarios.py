@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.diagnose import measure
-from analyzer.diagnose.measure import Gain, Scenario, replay_hits, replay_many
+from analyzer.diagnose import scenarios as scenarios_module
+from analyzer.diagnose.scenarios import Gain, Scenario, replay_hits, replay_many
 from analyzer.replay import ReplaySettings, replay_all
 from tests.golden.workloads import random_workload
 from tests.test_prefix_trie import to_workload
@@ -20,7 +20,7 @@ def test_forked_workers_agree(monkeypatch: pytest.MonkeyPatch) -> None:
         for size in (4, 16, 32)
     ]
     alone = replay_many(scenarios)
-    monkeypatch.setattr(measure, "PARALLEL_MIN_TOKENS", 0)
+    monkeypatch.setattr(scenarios_module, "PARALLEL_MIN_TOKENS", 0)
     forked = replay_many(scenarios)
     for a, b in zip(alone, forked, strict=True):
         assert a.keys() == b.keys()

@@ -8,11 +8,13 @@ from html import escape
 from typing import Any
 
 from analyzer.diagnose.charts import Series, bar_chart, line_chart, stacked_bars
+from analyzer.engines import ENGINE_LABELS
 from analyzer.gates import GateResult
+from analyzer.report import Report
 from analyzer.units import binary_bytes
 from analyzer.verdict import Verdict
+from cli.outputs import as_json
 
-LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
 ENGINE_COLORS = {"vllm": "#1f77b4", "sglang": "#d62728"}
 # The hit and each cause of recomputation in a colour of its own (hits green, losses warm or grey).
 CAUSE_COLORS = {
@@ -41,8 +43,9 @@ td.text { font-family: monospace; max-width: 520px; white-space: pre-wrap;
 """
 
 
-def html_report(report: dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
+def html_report(report: Report | dict[str, Any], gates: Sequence[GateResult] = ()) -> str:
     """The whole report as one HTML page: everything the terminal shows, verdict first."""
+    report = as_json(report)
     prompt = report["prompt_tokens"]
     sections = [
         f"<h1>prefixcheck</h1><p>{report['requests']:,} requests, {prompt:,} prompt tokens, "
@@ -126,7 +129,7 @@ def _engines(report: dict[str, Any]) -> str:
     bounds = report.get("upper_bounds") or {}
     belady = bounds.get("belady") or {}
     rows += [
-        [f"Belady bound, {LABELS[e]}", f"{b['hit_tokens']:,}", f"{b['hit_rate']:.1%}", "-"]
+        [f"Belady bound, {ENGINE_LABELS[e]}", f"{b['hit_tokens']:,}", f"{b['hit_rate']:.1%}", "-"]
         for e, b in belady.items()
     ]
     alignment = report["alignment_loss"]
@@ -209,7 +212,7 @@ def _server(report: dict[str, Any]) -> str:
     for engine, agreement in comparison["engines"].items():
         rows.append(
             [
-                f"{LABELS.get(engine, engine)} replay",
+                f"{ENGINE_LABELS.get(engine, engine)} replay",
                 f"{agreement['hit_tokens']:,}",
                 f"{agreement['hit_tokens'] / prompt:.1%}",
                 f"{agreement['exact']:.0%}",
@@ -228,7 +231,7 @@ def _estimate(report: dict[str, Any]) -> str:
     estimate = report["prefill_estimate"]
     rows = [
         [
-            LABELS.get(engine, engine),
+            ENGINE_LABELS.get(engine, engine),
             f"{item['prefill_flops_saved'] / 1e15:,.3g} PFLOP",
             f"{item['prefill_flops_saved_share']:.1%}",
             f"{item['gpu_seconds_saved_at_assumed_tflops']:,.1f}",
@@ -261,7 +264,7 @@ def _losses(report: dict[str, Any]) -> str:
     ]
     hit_rate = report["diagnosis_scope"]["hit_rate"]  # the losses' own requests
     bars = {
-        LABELS[e]: [("hit", hit_rate[e])]
+        ENGINE_LABELS[e]: [("hit", hit_rate[e])]
         + [(kind.replace("_", " "), losses[e][kind]["share"]) for kind in kinds]
         for e in losses
     }
@@ -272,7 +275,7 @@ def _losses(report: dict[str, Any]) -> str:
     return (
         "<h2>Recomputed prompt tokens by cause</h2>"
         + stacked_bars(bars, CAUSE_COLORS)
-        + _table(["cause", *(LABELS[e] for e in losses)], rows)
+        + _table(["cause", *(ENGINE_LABELS[e] for e in losses)], rows)
         + f"<ul class='note'>{definitions}</ul>"
     )
 
@@ -358,7 +361,7 @@ def _capacity(report: dict[str, Any]) -> str:
         checks = curve["checks"]
         series.append(
             Series(
-                f"{LABELS[engine]} LRU",
+                f"{ENGINE_LABELS[engine]} LRU",
                 points,
                 [(p["capacity_tokens"], p["replay_hit_rate"]) for p in checks],
                 "replay",
@@ -367,7 +370,7 @@ def _capacity(report: dict[str, Any]) -> str:
         )
         series.append(
             Series(
-                f"{LABELS[engine]} Belady bound",
+                f"{ENGINE_LABELS[engine]} Belady bound",
                 [(p["capacity_tokens"], p["belady_hit_rate"]) for p in checks],
                 dashed=True,
                 color=color,
@@ -376,7 +379,11 @@ def _capacity(report: dict[str, Any]) -> str:
     configured = report["engines"]["vllm"]["config"].get("capacity_tokens")
     chart = line_chart(series, "KV capacity (tokens, log scale)", "token hit rate", configured)
     rows = [
-        [LABELS[engine], f"{curve['max_abs_error']:.2%}", f"{curve['working_set_tokens']:,}"]
+        [
+            ENGINE_LABELS[engine],
+            "not checked" if curve["max_abs_error"] is None else f"{curve['max_abs_error']:.2%}",
+            f"{curve['working_set_tokens']:,}",
+        ]
         + [f"{v:,}" for v in curve["capacity_needed"].values()]
         for engine, curve in curves.items()
     ]
@@ -402,7 +409,7 @@ def _sizes(report: dict[str, Any]) -> str:
     sweep = report["block_size_sweep"]
     sizes = sorted({p["size"] for points in sweep.values() for p in points})
     groups = {
-        f"{LABELS[e]} ({'block' if e == 'vllm' else 'page'})": [
+        f"{ENGINE_LABELS[e]} ({'block' if e == 'vllm' else 'page'})": [
             next((p["hit_rate"] for p in points if p["size"] == s), None) for s in sizes
         ]
         for e, points in sweep.items()
@@ -414,7 +421,7 @@ def _sizes(report: dict[str, Any]) -> str:
 
 def _gain_cells(measured: dict[str, Any]) -> str:
     return "; ".join(
-        f"{LABELS[e]} {g['hit_rate_before']:.1%} → {g['hit_rate_after']:.1%} "
+        f"{ENGINE_LABELS[e]} {g['hit_rate_before']:.1%} → {g['hit_rate_after']:.1%} "
         f"({g['recomputed_tokens_saved']:+,} tokens)"
         for e, g in measured.items()
     )

@@ -1,4 +1,6 @@
-"""Measured gains: replay a changed workload or configuration through the same cache models.
+"""Scenarios: a changed workload or configuration replayed through the same pool of caches, and
+the gain it makes ("measured" in the report: replayed, not guessed; ``measure`` itself is the GPU
+mode).
 
 Independent replays run in forked worker processes when the log is big enough for that to pay.
 The workers die with the run: they ignore Ctrl-C (the parent handles it and ends them), the
@@ -20,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.engines import ENGINES
 from analyzer.pool import CacheKey, CachePool, Routes
 from analyzer.replay import ReplaySettings
+from analyzer.shares import share
 from cache_models.prefix_trie import View, unbounded_hits
 from cache_models.workload import Workload
 
-ENGINES = ("vllm", "sglang")
 # Below this many prompt tokens per job, worker start-up costs more than it saves.
 PARALLEL_MIN_TOKENS = 2_000_000
 
@@ -63,8 +66,8 @@ class Gain:
         return {
             "hit_tokens_before": self.hit_tokens_before,
             "hit_tokens_after": self.hit_tokens_after,
-            "hit_rate_before": _rate(self.hit_tokens_before, self.prompt_tokens_before),
-            "hit_rate_after": _rate(self.hit_tokens_after, self.prompt_tokens_after),
+            "hit_rate_before": share(self.hit_tokens_before, self.prompt_tokens_before),
+            "hit_rate_after": share(self.hit_tokens_after, self.prompt_tokens_after),
             "prompt_tokens_before": self.prompt_tokens_before,
             "prompt_tokens_after": self.prompt_tokens_after,
             "recomputed_tokens_saved": self.recomputed_tokens_saved,
@@ -195,7 +198,3 @@ _PR_SET_PDEATHSIG = 1
 
 def _start_methods() -> list[str]:
     return multiprocessing.get_all_start_methods()
-
-
-def _rate(part: int, whole: int) -> float:
-    return part / whole if whole else 0.0
