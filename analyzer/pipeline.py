@@ -90,7 +90,11 @@ def analyze(
     ``executor`` runs the reading and the replay elsewhere (a Ray cluster); None: here."""
     progress = progress or NoProgress()
     try:
-        reader = None if executor is None else executor.reader(paths, options, progress)
+        reader = (
+            None
+            if executor is None
+            else executor.reader(paths, options.ingest, progress, sample_budget(options))
+        )
         analysis = _analyzed(paths, options, progress, executor, reader)
         if executor is None:
             return analysis

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from analyzer.errors import PrefixcheckError
 
 if TYPE_CHECKING:
-    from analyzer.ingest import ChunkedIngest
-    from analyzer.pipeline import AnalyzeOptions
+    from analyzer.ingest import ChunkedIngest, IngestOptions
     from analyzer.pool import CacheFactory
     from analyzer.progress import Progress
 
@@ -24,11 +23,16 @@ RAY_MISSING = "--executor ray needs Ray: pip install 'prefixcheck[ray]'"
 
 
 class Executor(Protocol):
-    """Runs the read step (its reader yields the chunks a local read yields) and holds the
-    replay's caches; ``describe`` is the report's ``executor`` block."""
+    """Runs the read step (its reader yields the chunks a local read yields; the records of the
+    first ``sample_tokens`` are the diagnosis's) and holds the replay's caches; ``describe`` is
+    the report's ``executor`` block."""
 
     def reader(
-        self, paths: Sequence[Path], options: AnalyzeOptions, progress: Progress
+        self,
+        paths: Sequence[Path],
+        options: IngestOptions,
+        progress: Progress,
+        sample_tokens: int | None,
     ) -> ChunkedIngest: ...
 
     def caches(self) -> CacheFactory | None: ...

@@ -131,18 +131,22 @@ class RayExecutor:
         context = ray.get_runtime_context()
         return cls(options, getattr(context, "gcs_address", None) or "local")
 
-    def reader(self, paths: Sequence[Path], options: Any, progress: Progress) -> ChunkedIngest:
-        from analyzer.pipeline import sample_budget
-
+    def reader(
+        self,
+        paths: Sequence[Path],
+        options: IngestOptions,
+        progress: Progress,
+        sample_tokens: int | None,
+    ) -> ChunkedIngest:
         self.ingest = RayIngest(
             paths,
-            options.ingest,
+            options,
             progress,
             submit=self._submit,
             gather=self._gather,
             fetch=self._fetch,
             split_bytes=self.options.split_bytes,
-            records_budget=sample_budget(options),
+            records_budget=sample_tokens,
         )
         return self.ingest
 

@@ -65,7 +65,7 @@ def one_run(workers: int, paths: list[str]) -> dict:
     ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     options = AnalyzeOptions(ingest=IngestOptions(cache_dir=None), sample_tokens=1)
     executor = RayExecutor.connect(ExecutorOptions("ray"))
-    reader = executor.reader([Path(p) for p in paths], options, NoProgress())
+    reader = executor.reader([Path(p) for p in paths], options.ingest, NoProgress(), 1)
     began = time.perf_counter()
     chunks = [chunk.tokenized for chunk in reader.chunks()]
     ingest_s = time.perf_counter() - began
