@@ -26,6 +26,20 @@ from cache_models.workload import Workload
 WAITING_PREFIX_REFRESH_INTERVAL = 32
 WAITING_PREFIX_REFRESH_MAX = 128
 
+# PrefillAdder clips a request's decode estimate here (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION).
+CLIP_MAX_NEW_TOKENS = 4096
+# release_req evicts this many tokens per request still decoding after a retraction
+# (SGLANG_RETRACT_DECODE_STEPS).
+RETRACT_DECODE_STEPS = 20
+
+# NewTokenRatioTracker.from_config: the share of a running request's remaining max_new_tokens
+# that admission expects it to still decode (SGLANG_INIT_NEW_TOKEN_RATIO x
+# --schedule-conservativeness 1.0; SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR; it decays to the minimum
+# over SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS decode steps).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+
 # A timed action: when it happens and what it does.
 _Event = tuple[float, Callable[[], None]]
 
@@ -108,10 +122,33 @@ class Request:
     protected: int
     allocated: int
     inserted: int = 0
+    fill_len: int = 0  # what its prefill computes: the prompt, + the outputs after a retraction
+    retracted: bool = False
+
+    def __post_init__(self) -> None:
+        self.fill_len = self.fill_len or self.prompt_len
 
     @property
     def final_len(self) -> int:
         return self.prompt_len + self.steps
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The request's ``max_new_tokens`` as PrefillAdder sees it: its recorded output length
+        (the request ends there, on a stop token or on the limit)."""
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def n_outputs(self) -> int:
+        """``len(req.output_ids)``: one sampled per prefill and per decode step."""
+        return max(self.allocated - self.prompt_len + 1, 0)
+
+    def decode_estimate(self, new_token_ratio: float) -> float:
+        """``PrefillAdder._get_running_request_total_token_offset``: the remaining
+        ``max_new_tokens``, clipped, times the scheduler's ``new_token_ratio`` (a request that
+        may stop on EOS: ``ignore_eos`` is off)."""
+        remaining = min(max(self.max_new_tokens - self.n_outputs, 0), CLIP_MAX_NEW_TOKENS)
+        return remaining * new_token_ratio
 
 
 class ReferenceReplay:
@@ -131,6 +168,7 @@ class ReferenceReplay:
         self.pool = KvPool(self.tree, config)
         self.refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
         self.scheduling_passes = 0
+        self.retractions = 0  # requests retract_decode took back (lock-step replays)
 
     def run(self, workload: Workload) -> None:
         """Replay ``workload`` with the config's schedule, from the cache as it is."""
@@ -261,12 +299,13 @@ class ReferenceReplay:
         if req.steps > 0:
             self.checkpoint(req, req.prompt_len)
 
-    def _charge(self, i: int, action) -> None:
-        """Run ``action`` and book its evictions and splits on request i."""
+    def _charge(self, i: int, action):
+        """Run ``action`` and book its evictions and splits on request i; its result."""
         evicted, splits = self.pool.evicted_tokens, self.tree.node_splits
-        action()
+        result = action()
         self.evicted[i] += self.pool.evicted_tokens - evicted
         self.splits[i] += self.tree.node_splits - splits
+        return result
 
     # -- schedules -------------------------------------------------------------------------------
     def run_sequential(self) -> None:
@@ -303,12 +342,16 @@ class ReferenceReplay:
         return None
 
     def run_lockstep(self) -> None:
-        """K requests in flight, no clock: a closed loop of K clients (see sglang_radix)."""
+        """K requests in flight, no clock: a closed loop of K clients (see sglang_radix).
+        ``Scheduler.get_next_batch_to_run``: a prefill batch when ``get_new_batch_prefill`` makes
+        one, else ``update_running_batch``'s decode step (which may retract)."""
         k = self.config.max_in_flight
         pending = deque(range(self.workload.n_requests))
-        waiting: deque[int] = deque()
+        waiting: deque[int | Request] = deque()  # a retracted request comes back as itself
         running: list[Request] = []
         self.chunked: Request | None = None  # the request whose prefill continues next pass
+        self.batch_is_full = False  # ScheduleBatch.batch_is_full of the running batch
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         while pending or waiting or running or self.chunked:
             in_flight = len(running) + len(waiting) + (self.chunked is not None)
             while pending and in_flight < k:
@@ -316,55 +359,113 @@ class ReferenceReplay:
                 if not self._reject_if_too_big(i):
                     waiting.append(i)
                     in_flight += 1
-            admitted = self._prefill_pass(waiting, running, k)
-            if admitted:
+            if not running:
+                self.batch_is_full = False  # an empty batch cannot reopen admission otherwise
+            if self._prefill_pass(waiting, running, k):
                 continue
-            for req in list(running):  # one decode iteration
-                self._charge(req.index, lambda r=req: self._decode_or_finish(r, running))
+            if not running:  # the head does not fit an empty pool: SGLang would wait forever
+                head = waiting.popleft()
+                self.rejected[head if isinstance(head, int) else head.index] = 1
+                continue
+            self._decode_pass(running, waiting)
 
-    def _prefill_pass(self, waiting: deque[int], running: list[Request], k: int) -> bool:
-        """One prefill batch (``PrefillAdder``): the chunked request's next chunk, then FCFS
-        admissions from the head of the queue while the batch's token budget lasts (with
-        chunked prefill, ``--chunked-prefill-size`` tokens: the request it runs out on gets a
-        first chunk and continues next pass). Every admitted request matches before any of the
-        batch is prefilled."""
+    def _prefill_pass(self, waiting: deque[int | Request], running: list[Request], k: int) -> bool:
+        """One prefill batch (``Scheduler.get_new_batch_prefill`` with ``PrefillAdder``).
+
+        Skipped while the running batch is full (``batch_is_full``: set when the last batch ran
+        out of KV budget or slots, cleared when a request leaves the batch) unless a chunked
+        prefill continues. The chunked request's next chunk comes first (``add_chunked_req``),
+        then FCFS admissions from the queue head while fewer than K are in flight and the token
+        budget lasts (with chunked prefill, ``--chunked-prefill-size`` tokens: the request it
+        runs out on gets a first chunk, whole pages, and continues next pass). Every admitted
+        request matches before any of the batch is prefilled.
+
+        With a bounded pool the KV budget is ``PrefillBudget``'s: ``remaining_total`` = free +
+        evictable - ``total_offset``, where ``total_offset`` starts at the running requests'
+        decode estimates (``Request.decode_estimate``) and each admission adds its page-ceiled
+        extend + one page + its ``max_new_tokens`` (``_update_prefill_budget`` → ``reserve``).
+        A candidate fits when extend + remaining decode + one page < ``remaining_total``
+        (``_select_prefill_admission`` → ``check_prefill``, its prefix locked); after each
+        admission ``budget_state`` stops the batch once ``remaining_total`` or
+        ``remaining_current`` (free + evictable - extends and pages only) is not positive."""
+        carried = self.chunked
+        if (self.batch_is_full or not waiting) and carried is None:
+            return False
         chunk = self.config.chunked_prefill_size
         ps = self.page_size
+        bounded = not self.pool.unbounded
+        total_offset = sum(r.decode_estimate(self.new_token_ratio) for r in running)
+        current_offset = 0
         budget = chunk if chunk > 0 else 1 << 62
-        carried = self.chunked
+
+        def remaining(offset: int) -> int:
+            return self.pool.free + self.tree.evictable_size - offset
+
+        carried_end = 0
         if carried is not None:
-            budget -= min(carried.prompt_len - carried.allocated, chunk)
+            size = chunk
+            if bounded:  # PrefillBudget.available_chunk_tokens
+                size = min(chunk, remaining(total_offset)) if remaining(total_offset) > 0 else chunk
+            carried_end = min(carried.allocated + size, carried.fill_len)
+            extend = _ceil_div(carried_end - carried.allocated, ps) * ps
+            last = carried_end == carried.fill_len
+            total_offset += (
+                extend + ps + (min(carried.max_new_tokens, CLIP_MAX_NEW_TOKENS) if last else 0)
+            )
+            current_offset += extend + ps
+            budget -= carried_end - carried.allocated
         batch: list[tuple[Request, int]] = []
         in_flight = len(running) + (carried is not None)
-        if waiting and in_flight < k and budget > 0:
-            self.touch_waiting(list(islice(waiting, WAITING_PREFIX_REFRESH_MAX)))
-            while waiting and in_flight + len(batch) < k and budget > 0:
-                req = self._admit_charged(waiting[0], running + [r for r, _ in batch])
-                if req is None:
+        if waiting and not self.batch_is_full and budget > 0:
+            self.touch_waiting(
+                [
+                    w if isinstance(w, int) else w.index
+                    for w in islice(waiting, WAITING_PREFIX_REFRESH_MAX)
+                ]
+            )
+            while waiting:
+                if in_flight + len(batch) >= k:
+                    self.batch_is_full = bool(running)
                     break
-                extend = _ceil_div(req.prompt_len - req.hit, ps) * ps
-                end = req.prompt_len
+                req = self._match_charged(waiting[0])
+                extend = _ceil_div(req.fill_len - req.hit, ps) * ps
+                if bounded:
+                    outputs = req.fill_len - req.prompt_len
+                    new = min(max(req.max_new_tokens - outputs, 0), CLIP_MAX_NEW_TOKENS)
+                    if not req.fill_len - req.hit + new + ps < remaining(total_offset):
+                        self.tree.unlock(req.node)
+                        self.batch_is_full = bool(running)
+                        break
+                end = req.fill_len
                 if extend > budget:  # truncated to what the batch has left, in whole pages
-                    end = req.hit + budget // ps * ps
+                    end = (req.hit + budget // ps * ps) // ps * ps
                     if end <= req.hit:
                         self.tree.unlock(req.node)
                         break
                 waiting.popleft()
                 batch.append((req, end))
                 budget -= extend
-                if end < req.prompt_len:
+                paged = _ceil_div(end - req.hit, ps) * ps
+                last = end == req.fill_len
+                total_offset += (
+                    paged + ps + (min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if last else 0)
+                )
+                current_offset += paged + ps
+                if end < req.fill_len or budget <= 0:
+                    break
+                if bounded and (remaining(total_offset) <= 0 or remaining(current_offset) <= 0):
+                    self.batch_is_full = bool(running)
                     break
         if carried is not None:
-            end = min(carried.allocated + chunk, carried.prompt_len)
-            self._charge(carried.index, lambda: self._prefill_to(carried, end, running))
+            self._charge(carried.index, lambda: self._prefill_to(carried, carried_end, running))
         for req, end in batch:
             self._charge(req.index, lambda r=req, e=end: self._prefill_to(r, e, running))
         return carried is not None or bool(batch)
 
     def _prefill_to(self, req: Request, end: int, running: list[Request]) -> None:
-        """Prefill up to ``end``: a chunk that does not end the prompt is checkpointed and
-        continues next pass; a whole prompt is as in ``_prefill_and_maybe_finish``."""
-        if end < req.prompt_len:
+        """Prefill up to ``end``: a chunk that does not end the fill is checkpointed and
+        continues next pass; a whole fill is checkpointed and decodes, or finishes."""
+        if end < req.fill_len:
             self.alloc_extend(req, end)
             self.checkpoint(req, end)
             self.chunked = req
@@ -372,29 +473,106 @@ class ReferenceReplay:
         if self.chunked is req:
             self.chunked = None
         self.alloc_extend(req, end)
-        if req.steps > 0:
-            self.checkpoint(req, req.prompt_len)
+        if req.fill_len < req.final_len:
+            self.checkpoint(req, req.fill_len)
             running.append(req)
         else:
             self.release(req)
+            self.batch_is_full = False  # it leaves the batch
+
+    def _match_charged(self, item: int | Request) -> Request:
+        i = item if isinstance(item, int) else item.index
+        result: list[Request] = []
+        self._charge(
+            i, lambda: result.append(self.match(i) if isinstance(item, int) else self.rematch(item))
+        )
+        return result[0]
+
+    def rematch(self, req: Request) -> Request:
+        """A retracted request matches its prompt and the outputs it has (``fill_ids``); its
+        ``cached_tokens`` stays its first admission's (``retracted_stain``)."""
+        limit = match_limit(req.fill_len, self.hit_limits[req.index])
+        result = self.tree.match(req.tokens[:limit], req.namespace)
+        self.tree.lock(result.node)
+        req.hit = req.protected = req.allocated = result.length
+        req.node = result.node
+        return req
+
+    def _decode_fits(self, reqs: list[Request]) -> bool:
+        """``ScheduleBatch.check_decode_mem``: evict until the step's new pages are free."""
+        ps = self.page_size
+        need = ps * sum(1 for r in reqs if r.allocated % ps == 0)
+        self.pool.evict_to(need)
+        return self.pool.unbounded or self.pool.free >= need
+
+    def _decode_pass(self, running: list[Request], waiting: deque[int | Request]) -> None:
+        """``update_running_batch``: when the step's pages do not fit, ``retract_decode`` takes
+        requests back (fewest outputs first, then the longest prompt), each freeing its own
+        KV without caching it and evicting 20 tokens per request left (``release_req``), until
+        the step fits or one is left; they rejoin the queue's tail. Then one decode step of
+        every running request, in the batch's order."""
+        # The batch's evictions are booked on its newest request (whose arrival made it).
+        newest = max((r.index for r in running), default=0)
+        if running and not self._charge(newest, lambda: self._decode_fits(running)):
+            order = list(range(len(running)))
+            order.sort(key=lambda j: (running[j].n_outputs, -running[j].prompt_len), reverse=True)
+            first = True
+            while first or not self._charge(
+                newest, lambda: self._decode_fits([running[j] for j in order])
+            ):
+                if len(order) == 1:
+                    break
+                first = False
+                req, left = running[order.pop()], len(order)
+                self._charge(newest, lambda r=req, n=left: self._retract(r, n))
+                waiting.append(req)
+            if len(order) <= 1 and not self._decode_fits([running[j] for j in order]):
+                req = running[order.pop()]  # out of memory even alone: aborted
+                self._retract(req, 0)
+                self.rejected[req.index] = 1
+            running[:] = [running[j] for j in order]
+            self.batch_is_full = False
+            # NewTokenRatioTracker.estimate_new_token_ratio_after_retract
+            decoded = sum(r.n_outputs for r in running) + RETRACT_DECODE_STEPS * len(running)
+            self.new_token_ratio = min(1.0, decoded / (sum(r.max_new_tokens for r in running) + 1))
+        elif running:
+            self.new_token_ratio = max(
+                self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO
+            )
+        if not running:
+            return
+        # alloc_for_decode: one eviction for the batch (page size 1: a token per request;
+        # paged: alloc_paged_token_slots_decode assumes each request needs a new page).
+        newest = max(r.index for r in running)
+        self._charge(newest, lambda: self.pool.evict_to(len(running) * self.page_size))
+        for req in list(running):  # one decode iteration
+            self._charge(req.index, lambda r=req: self._decode_or_finish(r, running))
+
+    def _retract(self, req: Request, still_running: int) -> None:
+        """``release_req``: ``release_kv_cache(checkpoint=False)``, evict, ``reset_for_retract``."""
+        ps = self.page_size
+        outputs = req.n_outputs
+        self.retractions += 1
+        self.pool.give((_ceil_div(req.allocated, ps) - req.protected // ps) * ps)
+        self.tree.unlock(req.node)
+        self.pool.evict_to(still_running * RETRACT_DECODE_STEPS)
+        req.fill_len = req.prompt_len + outputs
+        req.inserted = 0
+        req.retracted = True
 
     def _admit_charged(self, i: int, running: list[Request]) -> Request | None:
         result: list[Request | None] = []
         self._charge(i, lambda: result.append(self.admit(i, running)))
         return result[0]
 
-    def _prefill_and_maybe_finish(self, req: Request, running: list[Request]) -> None:
-        self.prefill(req)
-        if req.steps == 0:
-            self.release(req)
-        else:
-            running.append(req)
-
     def _decode_or_finish(self, req: Request, running: list[Request]) -> None:
-        self.decode_step(req)
+        if req.allocated % self.page_size == 0:  # the batch's eviction came first
+            self.pool.take(self.page_size)
+        req.allocated += 1
         if req.allocated == req.final_len:
             self.release(req)
             running.remove(req)
+            self.batch_is_full = False
 
     def run_timed(self) -> None:
         """K requests in flight in arrival time, with the TimeModel's service times."""

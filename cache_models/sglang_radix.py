@@ -12,16 +12,22 @@ insert (+1 on the prompt split), eviction under every policy (``tlru`` and ``slr
 (``Workload.hit_limit``), the waiting-prefix LRU refresh on every 32nd scheduling pass,
 namespaces.
 
-``max_in_flight=K > 1`` or a ``time_model`` replays a model, checked against SGLang 0.5.23's own
-``Scheduler`` event loop (``tests/golden/sglang_scheduler/driver.py``; without the overlap
-scheduler it is exact at 2 and 8 in flight with an unbounded pool, with chunked prefill in flight,
-and at 2 with a tight one; not with a tight pool and many in flight, nor the overlap scheduler):
+``max_in_flight=K > 1`` without a time model follows SGLang 0.5.23's own ``Scheduler`` loop
+with ``--disable-overlap-schedule`` (checked against it, ``tests/golden/sglang_scheduler/``: exact
+at 2 and 8 in flight, unbounded and tight pools, with retractions, and with chunked prefill); a
+``time_model`` replays a model:
 
 - FCFS admission. Each scheduling pass (an instant when requests wait and a slot is free) counts
   for the waiting-prefix refresh, which touches up to 128 waiting prompts, the head last.
-- A request is admitted when fewer than K run and its remaining KV (whole pages from its hit to
-  prompt + decode) fits in free + evictable tokens minus what the running requests will still
-  allocate. So nothing is ever retracted (SGLang estimates decode growth and may retract).
+- Admission is ``PrefillAdder``'s (``schedule_policy.py``; ``_prefill_pass`` in the reference
+  names each rule): a request joins the batch while fewer than K are in flight and extend +
+  remaining ``max_new_tokens`` + one page < free + evictable minus the running requests'
+  remaining ``max_new_tokens`` x ``new_token_ratio`` (0.7, decaying over 600 decode steps to
+  0.098) minus what the batch has reserved; the first refusal closes admission until a request
+  leaves the running batch (``batch_is_full``). ``max_new_tokens`` is taken to be the answer's
+  length (logs do not record the request's own limit). A decode step that finds too few free
+  pages retracts (``retract_decode``: fewest outputs first, their KV freed uncached), and the
+  retracted request re-prefills its prompt and outputs later; its hit stays its first match's.
   The match that admission runs happens even when the request then has to wait.
 - A running request holds a lock on its tree path; others see its KV only from its checkpoints
   (after each prefill chunk, after prefill, and at release), never while it is computed.
@@ -32,7 +38,8 @@ and at 2 with a tight one; not with a tight pool and many in flight, nor the ove
   chunked prefill a pass is ``PrefillAdder``'s batch: ``chunked_prefill_size`` tokens, first the
   chunked request's next chunk, then new requests; the one the budget runs out on gets a first
   chunk (whole pages) and continues in the next pass, before any decode step.
-- With a time model requests arrive at ``arrival_s`` and run independently (no batching slowdown):
+- With a time model admission reserves each request's whole remaining KV (nothing is retracted);
+  requests arrive at ``arrival_s`` and run independently (no batching slowdown):
   prefill chunks take their uncached tokens / ``prefill_tokens_per_s`` (allocated when a chunk
   starts, checkpointed when it ends), then output j's KV is allocated at prefill end + j decode
   steps of 1 / ``decode_tokens_per_s``, and the request releases after its N-th step.

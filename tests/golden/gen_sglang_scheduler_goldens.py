@@ -13,6 +13,7 @@ import argparse
 import gzip
 import json
 import math
+import random
 import sys
 from multiprocessing import get_context
 from pathlib import Path
@@ -27,6 +28,8 @@ from tests.golden.workloads import random_workload  # noqa: E402
 OUT_DIR = ROOT / "tests" / "golden" / "sglang"
 SEEDS = (0, 1)
 N_REQUESTS = 60
+N_LONG = 40
+STOP_SLACK = 8
 
 
 def workload(seed: int) -> list[dict[str, Any]]:
@@ -38,6 +41,47 @@ def workload(seed: int) -> list[dict[str, Any]]:
         if q["finish_reason"] == "stop" and out[-1] in out[:-1]:
             q["finish_reason"] = "length"
     return requests
+
+
+def long_answer_workload(seed: int) -> list[dict[str, Any]]:
+    """``workload`` with answers 40 to 120 tokens long, so that requests decode long enough
+    for admission's ``new_token_ratio`` estimate to fall short and decode to retract."""
+    rng = random.Random(1000 + seed)
+    requests = random_workload(seed, N_LONG)
+    for q in requests:
+        out = q["output_token_ids"]
+        out += [rng.randrange(1, 50) for _ in range(rng.randrange(40, 121) - len(out))]
+        if q["finish_reason"] == "stop" and out[-1] in out[:-1]:
+            q["finish_reason"] = "length"
+    return requests
+
+
+def long_answer_configs(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    largest = max(len(q["prompt_token_ids"]) + len(q["output_token_ids"]) for q in requests)
+    return [
+        {"chunk": -1, "overlap_schedule": False, "max_in_flight": 8, "page_size": ps}
+        | {"capacity_tokens": math.ceil(factor * largest / ps) * ps}
+        for ps in (1, 16)
+        for factor in (1.5, 2)
+    ]
+
+
+def overlap_configs(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The overlap scheduler (SGLang's default), unbounded pool; stop finishes get
+    ``max_new_tokens`` = their length + ``STOP_SLACK`` (a request that stops on EOS before its
+    limit: with the limit reached, ``_reqs_finishing_inflight`` would skip the in-flight
+    decode step and the stop would cache N-1 outputs)."""
+    base = {"chunk": -1, "overlap_schedule": True, "capacity_tokens": None}
+    out = [base | {"max_in_flight": k, "page_size": 1} for k in (1, 2, 8)]
+    out.append(base | {"max_in_flight": 1, "page_size": 16})
+    return [c | {"stop_max_new_slack": STOP_SLACK} for c in out]
+
+
+WORKLOADS = {
+    "": (workload, None),
+    "long_": (long_answer_workload, long_answer_configs),
+    "overlap_": (workload, overlap_configs),
+}
 
 
 def configs(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,11 +96,14 @@ def configs(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"chunk": -1, "overlap_schedule": False} | c for c in out]
 
 
-def job(task: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+Task = tuple[str, int, dict[str, Any]]
+
+
+def job(task: Task) -> tuple[str, int, dict[str, Any]]:
     import driver
 
-    seed, config = task
-    requests = workload(seed)
+    name, seed, config = task
+    requests = WORKLOADS[name][0](seed)
     rows = [
         {
             "prompt": q["prompt_token_ids"],
@@ -64,6 +111,11 @@ def job(task: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any]]:
             "finish_reason": q["finish_reason"],
             "cache_salt": q.get("cache_salt"),
         }
+        | (
+            {"max_new_tokens": len(q["output_token_ids"]) + config["stop_max_new_slack"]}
+            if "stop_max_new_slack" in config and q["finish_reason"] == "stop"
+            else {}
+        )
         for q in requests
     ]
     options = {
@@ -74,24 +126,31 @@ def job(task: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     }
     k = config["max_in_flight"]
     hits = driver.run(rows, options, config["overlap_schedule"], clients=k)
-    return seed, {**config, "hits": hits}
+    return name, seed, {**config, "hits": hits}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", choices=["base", "long", "overlap"], help="only these files")
     args = parser.parse_args()
-    tasks = [(seed, c) for seed in SEEDS for c in configs(workload(seed))]
-    cases: dict[int, list[dict[str, Any]]] = {seed: [] for seed in SEEDS}
+    names = [n for n in WORKLOADS if args.only in (None, n.rstrip("_") or "base")]
+    tasks: list[Task] = []
+    for name in names:
+        make, make_configs = WORKLOADS[name]
+        for seed in SEEDS:
+            tasks += [(name, seed, c) for c in (make_configs or configs)(make(seed))]
+    cases: dict[tuple[str, int], list[dict[str, Any]]] = {(n, s): [] for n in names for s in SEEDS}
     with get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as pool:
-        for seed, case in pool.imap_unordered(job, tasks):
-            cases[seed].append(case)
-            print(seed, {k: v for k, v in case.items() if k != "hits"}, flush=True)
-    for seed in SEEDS:
-        ordered = sorted(cases[seed], key=lambda c: json.dumps({**c, "hits": None}))
-        payload = {"seed": seed, "requests": workload(seed), "cases": ordered}
+        for name, seed, case in pool.imap_unordered(job, tasks):
+            cases[name, seed].append(case)
+            print(name, seed, {k: v for k, v in case.items() if k != "hits"}, flush=True)
+    for (name, seed), found in cases.items():
+        ordered = sorted(found, key=lambda c: json.dumps({**c, "hits": None}))
+        payload = {"seed": seed, "requests": WORKLOADS[name][0](seed), "cases": ordered}
         data = json.dumps(payload, separators=(",", ":")).encode()
-        (OUT_DIR / f"scheduler_{seed:03d}.json.gz").write_bytes(gzip.compress(data, 9, mtime=0))
+        path = OUT_DIR / f"scheduler_{name}{seed:03d}.json.gz"
+        path.write_bytes(gzip.compress(data, 9, mtime=0))
 
 
 if __name__ == "__main__":

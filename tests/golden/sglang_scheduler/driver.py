@@ -95,8 +95,8 @@ class StubForward:
         tokens = []
         for req in batch.reqs:
             answer = self.answers[req.rid]
-            if getattr(req, "is_chunked", 0) > 0:
-                tokens.append(answer[0])  # a partial prefill chunk: discarded
+            if req.inflight_middle_chunks > 0:  # a chunk that leaves the prompt unfinished:
+                tokens.append(answer[0])  # its token is discarded (process_batch_result)
                 continue
             n = max(self.sampled.get(req.rid, 0), len(req.output_ids))
             tokens.append(answer[min(n, len(answer) - 1)])
@@ -107,23 +107,30 @@ class StubForward:
         )
 
 
+# Added to every token id so that none is the dummy model's EOS (2): requests run as a real
+# server's do, ``ignore_eos`` off (admission then estimates decode growth with
+# ``new_token_ratio``), and stop only where the recorded answer does. Hits do not change.
+TOKEN_SHIFT = 3
+
+
 def request_input(i: int, q: dict[str, Any]) -> Any:
-    """What the tokenizer manager sends for request ``i``: a stop finish stops on its last
-    token (``stop_token_ids``), a length finish on ``max_new_tokens``."""
+    """What the tokenizer manager sends for request ``i`` (its token ids shifted by
+    ``TOKEN_SHIFT``): ``max_new_tokens`` is the answer's length; a stop finish stops on its last
+    token (``stop_token_ids``), a length finish on ``max_new_tokens``. A row's
+    ``max_new_tokens`` overrides it (a stop before the limit)."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     stop = q.get("finish_reason") == "stop"
     params = SamplingParams(
-        max_new_tokens=len(q["output"]),
-        ignore_eos=True,
-        stop_token_ids=[q["output"][-1]] if stop else None,
+        max_new_tokens=q.get("max_new_tokens", len(q["output"])),
+        stop_token_ids=[q["output"][-1] + TOKEN_SHIFT] if stop else None,
     )
     params.normalize(None)
     return TokenizedGenerateReqInput(
         rid=f"r{i}",
         input_text="",
-        input_ids=array("q", q["prompt"]),
+        input_ids=array("q", [t + TOKEN_SHIFT for t in q["prompt"]]),
         input_embeds=None,
         mm_inputs=None,
         token_type_ids=None,
@@ -152,15 +159,17 @@ def run(
     are unfinished, ``think_steps`` loop iterations after the finish that freed its client);
     None: every request arrives at its ``arrive_step`` (default 0)."""
     scheduler = build_scheduler({**options, "disable_overlap_schedule": not overlap})
-    forward = StubForward({f"r{i}": list(q["output"]) for i, q in enumerate(requests)})
+    answers = {f"r{i}": [t + TOKEN_SHIFT for t in q["output"]] for i, q in enumerate(requests)}
+    forward = StubForward(answers)
     scheduler.model_worker.forward_batch_generation = forward
     scheduler.tp_worker.forward_batch_generation = forward
     reqs: list[Any] = []
     add_to_queue = scheduler._add_request_to_queue
 
-    def capture(req: Any, *args: Any, **kwargs: Any) -> Any:
-        reqs.append(req)
-        return add_to_queue(req, *args, **kwargs)
+    def capture(req: Any, *args: Any, is_retracted: bool = False, **kwargs: Any) -> Any:
+        if not is_retracted:  # a retracted request re-enters the queue: still one client's
+            reqs.append(req)
+        return add_to_queue(req, *args, is_retracted=is_retracted, **kwargs)
 
     scheduler._add_request_to_queue = capture
     pending = list(enumerate(requests))
