@@ -73,8 +73,9 @@ class ChunkedIngest:
     renderer: ChatRenderer | None = None
     _requests: int = 0  # requests read and processed so far
 
-    def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
-        records = iter_records(
+    def records(self) -> Iterator[Record]:
+        """The requests of the inputs, as they are read (the loaders' order)."""
+        return iter_records(
             self.paths,
             self.options.format,
             self.loaded,
@@ -82,6 +83,9 @@ class ChunkedIngest:
             hash_block_size=self.options.hash_block_size,
             fields=self.options.fields,
         )
+
+    def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
+        records = self.records()
         meter = self.loaded.meter
         done, requests = 0, 0  # bytes and requests of the chunks processed so far
         while batch := _take(records, chunk_records, self._reading(done, requests)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -48,6 +49,9 @@ from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
 
+if TYPE_CHECKING:
+    from analyzer.executors import Executor
+
 DEFAULT_SAMPLE_TOKENS = 32_000_000
 
 
@@ -77,11 +81,37 @@ class AnalyzeOptions:
 
 
 def analyze(
-    paths: list[Path], options: AnalyzeOptions, progress: Progress | None = None
+    paths: list[Path],
+    options: AnalyzeOptions,
+    progress: Progress | None = None,
+    executor: Executor | None = None,
 ) -> Analysis:
-    """Read the log, replay it, diagnose it (its leading sample when streamed), report."""
+    """Read the log, replay it, diagnose it (its leading sample when streamed), report.
+    ``executor`` runs the reading and the replay elsewhere (a Ray cluster); None: here."""
     progress = progress or NoProgress()
-    log = read(paths, options, progress)
+    try:
+        reader = (
+            None
+            if executor is None
+            else executor.reader(paths, options.ingest, progress, sample_budget(options))
+        )
+        analysis = _analyzed(paths, options, progress, executor, reader)
+        if executor is None:
+            return analysis
+        return replace(analysis, report=replace(analysis.report, executor=executor.describe()))
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _analyzed(
+    paths: list[Path],
+    options: AnalyzeOptions,
+    progress: Progress,
+    executor: Executor | None,
+    reader: ChunkedIngest | None,
+) -> Analysis:
+    log = read(paths, options, progress, reader)
     if options.fleet is not None:  # a fleet is routed and replayed as a whole
         fleet_run = run_fleet(
             log.sample.tokenized,
@@ -106,6 +136,7 @@ def analyze(
             progress,
             namespace_labels=log.labels,
             sample_trie=options.diagnose,
+            caches=None if executor is None else executor.caches(),
         )
     if not options.diagnose:
         return report(log, replayed, None, options, fleet_run)
@@ -130,14 +161,22 @@ class ReadLog:
         return self.reader.state.labels()
 
 
-def read(paths: list[Path], options: AnalyzeOptions, progress: Progress) -> ReadLog:
+def read(
+    paths: list[Path],
+    options: AnalyzeOptions,
+    progress: Progress,
+    reader: ChunkedIngest | None = None,
+) -> ReadLog:
     """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
     sequential reads the whole log); the rest is read as the replay streams it."""
     routed = routing_fields(options.fleet, options.fleet_what_if)
-    reader = ChunkedIngest(paths, with_routing_fields(options.ingest, routed), progress)
+    ingest = with_routing_fields(options.ingest, routed)
+    if reader is None:
+        reader = ChunkedIngest(paths, ingest, progress)
+    else:  # an executor's reader: the same options
+        reader.options = ingest
     chunks = reader.chunks(options.chunk_records)
-    streams = options.settings.sequential and options.fleet is None
-    head = _head(chunks, options.sample_tokens if streams else None)
+    head = _head(chunks, sample_budget(options))
     sample = reader.finished(head)
     return ReadLog(reader, sample, _replaying(reader, chunks))
 
@@ -148,6 +187,13 @@ def _replaying(reader: ChunkedIngest, chunks: Iterator[Chunk]) -> Iterator[Token
     for chunk in chunks:
         reader.report("replaying")
         yield chunk.tokenized
+
+
+def sample_budget(options: AnalyzeOptions) -> int | None:
+    """The prompt tokens read before the replay starts and diagnosed (None: the whole log, as a
+    replay that is not sequential, or a fleet's, needs)."""
+    streams = options.settings.sequential and options.fleet is None
+    return options.sample_tokens if streams else None
 
 
 def diagnose(

@@ -123,6 +123,15 @@ def engine_cache(engine: str, settings: ReplaySettings) -> Cache:
     return model.session() if settings.sequential else _WholeLog(model)
 
 
+CacheFactory = Callable[[CacheKey, str, "ReplaySettings"], Cache]
+"""Makes the cache of one engine for one key (``engine_cache`` in this process; an executor's
+may hold it elsewhere, e.g. in a Ray actor)."""
+
+
+def _local_cache(key: CacheKey, engine: str, settings: ReplaySettings) -> Cache:
+    return engine_cache(engine, settings)
+
+
 class CachePool:
     """Per key, one cache of each of ``engines`` with ``settings``, kept between feeds."""
 
@@ -131,10 +140,12 @@ class CachePool:
         settings: ReplaySettings,
         engines: Sequence[str] = ("vllm", "sglang"),
         router: Router | None = None,
+        cache_factory: CacheFactory | None = None,
     ) -> None:
         self.settings = settings
         self.engines = tuple(engines)
         self.router = router or ByModel()
+        self.cache_factory = cache_factory or _local_cache
         self.caches: dict[CacheKey, dict[str, Cache]] = {}
 
     def feed(
@@ -158,7 +169,9 @@ class CachePool:
         for key, indices in zip(routes.keys, parts, strict=True):
             part = workload if len(indices) == workload.n_requests else workload.select(indices)
             if key not in self.caches:
-                self.caches[key] = {e: engine_cache(e, self.settings) for e in self.engines}
+                self.caches[key] = {
+                    e: self.cache_factory(key, e, self.settings) for e in self.engines
+                }
             caches = self.caches[key]
             for engine in self.engines:
                 jobs[(engine, key)] = _bound(caches[engine], part)

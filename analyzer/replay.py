@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.errors import PrefixcheckError, SkipLog
-from analyzer.pool import CachePool, Router, concatenated, model_labels
+from analyzer.pool import CacheFactory, CachePool, Router, concatenated, model_labels
 from analyzer.progress import NoProgress, Progress
 from analyzer.settings import ReplaySettings
 from analyzer.token_cache import CacheStats
@@ -71,6 +71,7 @@ def replay_log(
     router: Router | None = None,
     namespace_labels: Callable[[], list[str]] | None = None,
     sample_trie: bool = True,
+    caches: CacheFactory | None = None,
 ) -> Replayed:
     """Replay ``sample`` and then every chunk of ``rest`` through one pool of caches and one
     prefix trie. Without a ``rest`` the log is whole: replayed in arrival order (sorted by
@@ -83,14 +84,14 @@ def replay_log(
         order = arrival_order(sample.workload)
         models = model_labels(sample.requests["model"])
         if order is None:
-            replays = replay_all(sample.workload, settings, progress, models, router)
+            replays = replay_all(sample.workload, settings, progress, models, router, caches)
         else:
             ordered = replay_all(
-                sample.workload.select(order), settings, progress, models[order], router
+                sample.workload.select(order), settings, progress, models[order], router, caches
             )
             replays = in_input_order(ordered, order)
         return Replayed(sample, replays, order, sample, replays)
-    pool = CachePool(settings, settings.engines, router)
+    pool = CachePool(settings, settings.engines, router, caches)
     trie = PrefixTrie()
     chunks: list[dict[str, ReplayResult]] = []
     tables: list[LogTable] = []
@@ -112,11 +113,13 @@ def replay_all(
     progress: Progress | None = None,
     models: np.ndarray | None = None,
     router: Router | None = None,
+    caches: CacheFactory | None = None,
 ) -> Replays:
     """One workload, in its order, through a fresh pool (each model on its own caches when
-    ``models`` labels the requests) and a fresh prefix trie."""
+    ``models`` labels the requests; ``caches`` makes them, in this process by default) and a
+    fresh prefix trie."""
     progress = progress or NoProgress()
-    pool = CachePool(settings, settings.engines, router)
+    pool = CachePool(settings, settings.engines, router, caches)
     trie = PrefixTrie()
     tokens = int(workload.prompt_offsets[-1])
     progress.stage("replaying (tokens × caches)", (len(pool.engines) + 1) * tokens)

@@ -118,6 +118,7 @@ class Report:
     measurement: Measurement | None = None  # analyze --measure: timed prefills on a GPU or CPU
     diagnosis: Diagnosis | None = None  # losses by cause, curves, bounds, what-ifs
     diagnosis_scope: DiagnosisScope | None = None
+    executor: dict[str, Any] | None = None  # where it ran, when not in this process (--executor)
     fleet: FleetSummary | None = None  # --replicas: the fleet beside one instance
 
     @cached_property
@@ -166,6 +167,7 @@ class Report:
                 if self.diagnosis and self.diagnosis_scope
                 else {}
             ),
+            **({"executor": self.executor} if self.executor is not None else {}),
         }
 
 

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.errors import PrefixcheckError
+from analyzer.executors import ExecutorName, ExecutorOptions
 from analyzer.fleet_run import is_fleet_fix
 from analyzer.gates import LossLimit, parse_rate
 from analyzer.ingest import IngestOptions
@@ -485,6 +486,29 @@ class GateFlags:
         object.__setattr__(self, "rate", rate)
 
 
+@dataclass(frozen=True)
+class ExecutorFlags:
+    """Where the analysis runs (analyze)."""
+
+    executor: Annotated[
+        ExecutorName,
+        typer.Option(
+            help="local: this process; ray: a Ray cluster (the prefixcheck[ray] extra), the same "
+            "report."
+        ),
+    ] = "local"
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="The Ray cluster to join (default: RAY_ADDRESS, else one started on this machine)."
+        ),
+    ] = None
+    options: ExecutorOptions = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", ExecutorOptions(self.executor, self.ray_address))
+
+
 GROUPS = (
     ReadFlags,
     CacheFlags,
@@ -492,6 +516,7 @@ GROUPS = (
     DiagnoseFlags,
     OutputFlags,
     GateFlags,
+    ExecutorFlags,
     FleetFlags,
 )
 

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from analyzer.errors import PrefixcheckError
+from analyzer.executors import make_executor
 from analyzer.export import write_table
 from analyzer.gates import evaluate_gates
 from analyzer.kernels import watch_compilation
@@ -27,6 +28,7 @@ from cli.export_trace import export_trace_command
 from cli.flags import (
     CacheFlags,
     DiagnoseFlags,
+    ExecutorFlags,
     GateFlags,
     OutputFlags,
     ReadFlags,
@@ -114,6 +116,7 @@ def analyze_command(
     diagnose: DiagnoseFlags,
     outputs: OutputFlags,
     gates: GateFlags,
+    run_on: ExecutorFlags,
     fleet: FleetFlags,
     quiet: Annotated[bool, typer.Option(help="No terminal report.")] = False,
     measure: Annotated[
@@ -149,7 +152,7 @@ def analyze_command(
             ) as progress,
             watch_compilation(progress.compiling, progress.compiled),
         ):
-            result = analyze(files, options, progress)
+            result = analyze(files, options, progress, make_executor(run_on.options))
             if measure_with is not None:
                 measured = measure_with(result, progress)
                 result = replace(result, report=replace(result.report, measurement=measured))

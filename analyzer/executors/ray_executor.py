@@ -1,0 +1,231 @@
+"""``--executor ray``: ingest shards as Ray tasks, each pool of caches in a Ray actor.
+
+- Ingest: one task per shard (``analyzer.executors.shards``) runs the loaders, chat rendering
+  and tokenizer (with the token cache) and returns an Arrow table of its requests; the driver
+  cuts the local reader's chunks from them (``RayIngest``).
+- Replay: the pipeline's own ``CachePool`` routes every chunk; the caches of each pool key
+  (a model's server; a replica once fleets exist) live in one actor, which consumes that key's
+  requests in the log's order, so keys replay in parallel on the cluster and each cache sees
+  exactly the requests, in exactly the order, of a local run. The prefix trie (the ceiling)
+  and the diagnosis of the leading sample run on the driver, where the sample is.
+- Failures: tasks and actors are never retried (an actor's cache state cannot be rebuilt); a
+  lost worker, actor or task fails the run (exit 2) naming the shard or the pool, and no report
+  is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analyzer.errors import PrefixcheckError
+from analyzer.executors import ExecutorOptions, require_ray
+from analyzer.executors.ray_ingest import RayIngest, failure
+from analyzer.executors.shards import ShardMeta, ShardSpec, ingest_shard
+from analyzer.ingest import ChunkedIngest, IngestOptions
+from analyzer.pool import Cache, CacheFactory, CacheKey, engine_cache
+from analyzer.progress import Progress
+from analyzer.replay import ReplaySettings
+from cache_models.result import ReplayResult
+from cache_models.workload import Workload
+
+ACTOR_PREFIX = "prefixcheck-pool-"  # replay actors' names (tests find them by it)
+
+
+class PoolCaches:
+    """The caches of one pool key: one per engine, kept between feeds (a Ray actor)."""
+
+    def __init__(self, settings: ReplaySettings, engines: Sequence[str]) -> None:
+        self.caches = {engine: engine_cache(engine, settings) for engine in engines}
+
+    def feed(self, engine: str, part: Workload) -> ReplayResult:
+        return self.caches[engine].feed(part)
+
+    def where(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+@dataclass
+class _RemoteCache:
+    """One engine's cache inside its key's actor; the pool calls it like a local one."""
+
+    actor: Any
+    engine: str
+    key: CacheKey
+    shared: _Shipped
+    feeds: int = 0
+
+    def feed(self, chunk: Workload) -> ReplayResult:
+        import ray
+
+        self.feeds += 1
+        try:
+            return ray.get(self.actor.feed.remote(self.engine, self.shared.ref(chunk)))
+        except ray.exceptions.RayError as exc:
+            lines = str(getattr(exc, "cause", None) or exc).strip().splitlines()
+            raise PrefixcheckError(
+                f"ray: the replay of pool model={self.key.model!r} replica {self.key.replica} "
+                f"({self.engine}) failed on its chunk {self.feeds} ({chunk.n_requests:,} "
+                f"requests): {type(exc).__name__}: {lines[-1] if lines else ''}; "
+                "no report written"
+            ) from None
+
+
+@dataclass
+class _Shipped:
+    """A key's part of a chunk put into the object store once for all its engines."""
+
+    part: Workload | None = None
+    object_ref: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ref(self, part: Workload) -> Any:
+        import ray
+
+        with self.lock:
+            if self.part is not part:
+                self.part, self.object_ref = part, ray.put(part)
+            return self.object_ref
+
+
+class RayExecutor:
+    """A connection to a Ray cluster, and what this run placed on it."""
+
+    def __init__(self, options: ExecutorOptions, address: str) -> None:
+        import ray
+
+        self.options = options
+        self.address = address
+        self._ingest = ray.remote(num_returns=3, max_retries=0)(ingest_shard)
+        self._actor = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=8)(PoolCaches)
+        self.actors: dict[CacheKey, Any] = {}
+        self.ingest: RayIngest | None = None
+
+    @classmethod
+    def connect(cls, options: ExecutorOptions) -> RayExecutor:
+        """Join ``--ray-address`` (or RAY_ADDRESS), else start a cluster on this machine."""
+        require_ray()
+        import ray
+
+        if not ray.is_initialized():
+            address = options.address or os.environ.get("RAY_ADDRESS")
+            try:
+                ray.init(
+                    address=address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                    configure_logging=True,
+                )
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                target = address or "a local cluster"
+                raise PrefixcheckError(
+                    f"--executor ray: cannot connect to {target}: {exc}"
+                ) from None
+        context = ray.get_runtime_context()
+        return cls(options, getattr(context, "gcs_address", None) or "local")
+
+    def reader(
+        self,
+        paths: Sequence[Path],
+        options: IngestOptions,
+        progress: Progress,
+        sample_tokens: int | None,
+    ) -> ChunkedIngest:
+        self.ingest = RayIngest(
+            paths,
+            options,
+            progress,
+            submit=self._submit,
+            gather=self._gather,
+            fetch=self._fetch,
+            split_bytes=self.options.split_bytes,
+            records_budget=sample_tokens,
+        )
+        return self.ingest
+
+    def _submit(self, spec: ShardSpec, options: IngestOptions) -> tuple[Any, Any, Any]:
+        return tuple(
+            self._ingest.options(name=f"prefixcheck-ingest-{spec.index}").remote(spec, options)
+        )
+
+    def _gather(
+        self, refs: list[Any], specs: Sequence[ShardSpec], progress: Progress
+    ) -> list[ShardMeta]:
+        """Every shard's metadata, with progress as shards finish; the first failed shard (in
+        input order) fails the run."""
+        import ray
+
+        progress.stage(f"reading and tokenizing {len(specs)} shards on Ray", len(specs))
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        metas: dict[int, ShardMeta] = {}
+        failed: dict[int, BaseException] = {}
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    metas[index[ref]] = ray.get(ref)
+                except Exception as exc:  # a task's error, a lost worker
+                    failed[index[ref]] = exc
+                progress.advance(1)
+            if failed and not any(index[p] < min(failed) for p in pending):
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                break
+        if failed:
+            first = min(failed)
+            raise failure(specs[first], failed[first])
+        return [metas[i] for i in range(len(specs))]
+
+    def _fetch(self, ref: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise PrefixcheckError(
+                f"ray: a shard's table was lost: {exc}; no report written"
+            ) from None
+
+    def caches(self) -> CacheFactory:
+        shipped: dict[CacheKey, _Shipped] = {}
+
+        def make(key: CacheKey, engine: str, settings: ReplaySettings) -> Cache:
+            if key not in self.actors:
+                name = f"{ACTOR_PREFIX}{len(self.actors)}"
+                self.actors[key] = self._actor.options(name=name).remote(settings, settings.engines)
+                shipped[key] = _Shipped()
+            return _RemoteCache(self.actors[key], engine, key, shipped[key])
+
+        return make
+
+    def close(self) -> None:
+        """End this run's replay actors (their caches are merged into the report by now)."""
+        import ray
+
+        for actor in self.actors.values():
+            ray.kill(actor)
+
+    def describe(self) -> dict[str, Any]:
+        """The report's ``executor`` block."""
+        import ray
+
+        metas = self.ingest.metas if self.ingest else []
+        resources = ray.cluster_resources()
+        return {
+            "name": "ray",
+            "address": self.address,
+            "nodes": sum(1 for node in ray.nodes() if node.get("Alive")),
+            "cpus": int(resources.get("CPU", 0)),
+            "ingest_shards": len(metas),
+            "ingest_workers": len({m.worker for m in metas}),
+            "replay_actors": len(self.actors),
+            "pool_keys": sorted(f"{k.model}#{k.replica}" for k in self.actors),
+        }
