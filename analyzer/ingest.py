@@ -260,6 +260,9 @@ def concat_workloads(workloads: Sequence[Workload]) -> Workload:
         hit_limit=_joined_column(
             [w.hit_limit for w in workloads], [w.hit_limits for w in workloads]
         ),
+        max_new_tokens=_joined_column(
+            [w.max_new_tokens for w in workloads], [w.max_new_tokens_given for w in workloads]
+        ),
     )
 
 

@@ -42,6 +42,7 @@ class Record:
     priority: int | None = None  # SGLang's request priority (stored in the radix tree)
     prompt_logprobs: bool | None = None  # vLLM prompt_logprobs set: no prefix lookup
     logprob_start_len: int | None = None  # SGLang return_logprob's start: caps the match
+    max_new_tokens: int | None = None  # the request's output limit (max_tokens, max_new_tokens)
     lora: str | None = None
     model: str | None = None
     arrival_s: float | None = None

@@ -365,10 +365,12 @@ def _namespace_labels(
 
 def _cache_columns(records: Sequence[Record]) -> dict[str, np.ndarray | None]:
     """The Workload columns of the request fields that change what the caches read (priority,
-    vLLM's prompt-logprob skip, SGLang's logprob start); None where no request has one."""
+    vLLM's prompt-logprob skip, SGLang's logprob start, the output limit SGLang's scheduler
+    reserves); None where no request has one."""
     priority = [r.priority for r in records]
     skip = [bool(r.prompt_logprobs) for r in records]
     limit = [r.logprob_start_len for r in records]
+    max_new = [r.max_new_tokens for r in records]
     return {
         "priority": None
         if all(p is None for p in priority)
@@ -377,6 +379,9 @@ def _cache_columns(records: Sequence[Record]) -> dict[str, np.ndarray | None]:
         "hit_limit": None
         if all(x is None for x in limit)
         else np.array([-1 if x is None else x for x in limit], np.int64),
+        "max_new_tokens": None
+        if all(x is None for x in max_new)
+        else np.array([-1 if x is None else x for x in max_new], np.int64),
     }
 
 

@@ -121,6 +121,7 @@ class Request:
     node: Node  # the locked end of its tree path
     protected: int
     allocated: int
+    limit: int = 0  # its max_new_tokens (Workload.output_limits; 0: its output length)
     inserted: int = 0
     fill_len: int = 0  # what its prefill computes: the prompt, + the outputs after a retraction
     retracted: bool = False
@@ -134,9 +135,10 @@ class Request:
 
     @property
     def max_new_tokens(self) -> int:
-        """The request's ``max_new_tokens`` as PrefillAdder sees it: its recorded output length
-        (the request ends there, on a stop token or on the limit)."""
-        return len(self.tokens) - self.prompt_len
+        """``req.sampling_params.max_new_tokens`` as ``PrefillAdder`` reserves it
+        (``add_one_req``, ``_get_running_request_total_token_offset``): the log's limit, or the
+        recorded output length where the log gives none (``Workload.output_limits``)."""
+        return self.limit or len(self.tokens) - self.prompt_len
 
     @property
     def n_outputs(self) -> int:
@@ -185,6 +187,8 @@ class ReferenceReplay:
         self.output_lengths = workload.output_lengths.tolist()
         self.priorities = workload.priorities.tolist()
         self.hit_limits = workload.hit_limits.tolist()
+        self.output_limits = workload.output_limits.tolist()
+        self.stop_finish = workload.sglang_stop_finish.tolist()
         n = workload.n_requests
         self.hit = np.zeros(n, np.int64)
         self.evicted = np.zeros(n, np.int64)
@@ -205,7 +209,7 @@ class ReferenceReplay:
         return np.concatenate([self.workload.prompt(i), self.workload.output(i)])
 
     def _steps(self, i: int) -> int:
-        stop = bool(self.workload.stop_finish[i])
+        stop = self.stop_finish[i]
         return kv_steps(self.output_lengths[i], stop, self.config.overlap_schedule)
 
     def _reject_if_too_big(self, i: int) -> bool:
@@ -245,6 +249,7 @@ class ReferenceReplay:
             node=result.node,
             protected=result.length,
             allocated=result.length,
+            limit=self.output_limits[i],
         )
 
     def alloc_extend(self, req: Request, end: int) -> None:

@@ -122,7 +122,8 @@ class PrefixTrie:
             self._store,
             self._children,
             self._sizes,
-            *chunk.kernel_inputs(),
+            *chunk.kernel_inputs()[:5],
+            chunk.sglang_stop_finish,  # SGLang's views; vLLM's keep N - 1 outputs regardless
             self._granularity,
             self._vllm,
         )

@@ -27,8 +27,8 @@ the next batch was scheduled); a ``time_model`` replays a model:
   remaining ``max_new_tokens`` + one page < free + evictable minus the running requests'
   remaining ``max_new_tokens`` x ``new_token_ratio`` (0.7, decaying over 600 decode steps to
   0.098) minus what the batch has reserved; the first refusal closes admission until a request
-  leaves the running batch (``batch_is_full``). ``max_new_tokens`` is taken to be the answer's
-  length (logs do not record the request's own limit). A decode step that finds too few free
+  leaves the running batch (``batch_is_full``). ``max_new_tokens`` is the log's limit
+  (``Workload.max_new_tokens``), else the answer's length. A decode step that finds too few free
   pages retracts (``retract_decode``: fewest outputs first, their KV freed uncached), and the
   retracted request re-prefills its prompt and outputs later; its hit stays its first match's.
   The match that admission runs happens even when the request then has to wait.
@@ -174,7 +174,8 @@ def _replay_fast(
     tree.ints[kernel.SLRU_THRESHOLD] = config.slru_protected_threshold
     tree.ints[kernel.TLRU_TAIL] = config.tlru_threshold - config.tlru_next_prompt_estimate
     inputs = (
-        *workload.kernel_inputs(),
+        *workload.kernel_inputs()[:5],
+        workload.sglang_stop_finish,
         workload.priorities,
         workload.hit_limits,
         config.overlap_schedule,

@@ -30,6 +30,9 @@ class Workload:
       cache (``prompt_logprobs`` set: ``SamplingParams.skip_reading_prefix_cache``). None: none.
     - ``hit_limit`` caps the prompt tokens an SGLang lookup may match (``logprob_start_len`` of a
       request with ``return_logprob``: ``Req._compute_max_prefix_len``); -1 or None: no cap.
+    - ``max_new_tokens`` is the request's output limit as the log gives it (OpenAI ``max_tokens``,
+      SGLang ``sampling_params.max_new_tokens``); -1 or None: the answer's length. Only SGLang's
+      scheduler reads it (``PrefillAdder``'s budget, the overlap loop's in-flight skip).
     """
 
     prompt_tokens: np.ndarray
@@ -42,6 +45,7 @@ class Workload:
     priority: np.ndarray | None = None
     skip_prefix_lookup: np.ndarray | None = None
     hit_limit: np.ndarray | None = None
+    max_new_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_offsets) - 1
@@ -51,7 +55,7 @@ class Workload:
             raise ValueError("namespace and stop_finish need one entry per request")
         if self.arrival_s is not None and len(self.arrival_s) != n:
             raise ValueError("arrival_s needs one entry per request")
-        for name in ("priority", "skip_prefix_lookup", "hit_limit"):
+        for name in ("priority", "skip_prefix_lookup", "hit_limit", "max_new_tokens"):
             column = getattr(self, name)
             if column is not None and len(column) != n:
                 raise ValueError(f"{name} needs one entry per request")
@@ -106,6 +110,34 @@ class Workload:
             return np.full(self.n_requests, -1, np.int64)
         return np.ascontiguousarray(self.hit_limit, np.int64)
 
+    @property
+    def max_new_tokens_given(self) -> np.ndarray:
+        """Per request: the log's ``max_new_tokens``, -1 where it gives none (int64)."""
+        if self.max_new_tokens is None:
+            return np.full(self.n_requests, -1, np.int64)
+        return np.ascontiguousarray(self.max_new_tokens, np.int64)
+
+    @property
+    def output_limits(self) -> np.ndarray:
+        """Per request: its ``max_new_tokens`` (int64), the answer's length where the log gives
+        none (-1, None) or one below the answer (a limit the answer cannot have run past)."""
+        lengths = self.output_lengths.astype(np.int64)
+        if self.max_new_tokens is None:
+            return lengths
+        return np.maximum(np.ascontiguousarray(self.max_new_tokens, np.int64), lengths)
+
+    @property
+    def sglang_stop_finish(self) -> np.ndarray:
+        """``stop_finish`` as SGLang's overlap scheduler sees it: a stop on the answer's last
+        allowed token (``len(output) == max_new_tokens``) is no stop, since the loop skips that
+        request's in-flight decode step (``Scheduler._reqs_finishing_inflight`` via
+        ``Req.next_output_finishes_by_length``) and ``Req.check_finished`` ends it by length."""
+        stops = np.ascontiguousarray(self.stop_finish, np.bool_)
+        if self.max_new_tokens is None:
+            return stops
+        given = self.max_new_tokens_given
+        return stops & ~((given >= 0) & (self.output_lengths >= given))
+
     def prompt(self, i: int) -> np.ndarray:
         return self.prompt_tokens[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
 
@@ -133,6 +165,7 @@ class Workload:
             if self.skip_prefix_lookup is None
             else self.skip_prefix_lookup[indices],
             hit_limit=None if self.hit_limit is None else self.hit_limit[indices],
+            max_new_tokens=None if self.max_new_tokens is None else self.max_new_tokens[indices],
         )
 
     @classmethod

@@ -68,6 +68,8 @@ def test_tokens_rows_carry_the_cache_fields(tmp_path: Path) -> None:
         ({"prompt_logprobs": True}, "'prompt_logprobs' must be an integer"),
         ({"return_logprob": "yes"}, "'return_logprob' must be a boolean"),
         ({"extra_key": 5}, "'extra_key' must be a string"),
+        ({"max_tokens": -3}, "'max_tokens' = -3 must be non-negative"),
+        ({"sampling_params": {"max_new_tokens": "8"}}, "'max_new_tokens' must be an integer"),
     ],
 )
 def test_bad_cache_fields_are_reasoned_skips(
@@ -90,6 +92,7 @@ def test_sglang_receive_line_fields(tmp_path: Path) -> None:
     (record,) = load_logs([path], "sglang-log").records
     assert (record.priority, record.extra_key, record.cache_salt) == (7, "tenant-x", "s")
     assert record.logprob_start_len == 2
+    assert record.max_new_tokens == 4
 
 
 def test_vllm_params_line_prompt_logprobs(tmp_path: Path) -> None:
@@ -104,4 +107,54 @@ def test_vllm_params_line_prompt_logprobs(tmp_path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     (record,) = load_logs([path], "vllm-log").records
     assert record.prompt_logprobs is True
+    assert record.max_new_tokens == 16
     assert np.array_equal(record.prompt_token_ids, [1, 2, 3])
+
+
+def test_output_limits_are_read_from_each_spelling(tmp_path: Path) -> None:
+    """OpenAI ``max_completion_tokens`` (ahead of ``max_tokens``), ``max_tokens``, the tokens
+    format's ``max_new_tokens`` and SGLang's ``sampling_params.max_new_tokens``; -1: none."""
+    base = {"prompt_token_ids": PROMPT, "output_token_ids": [7]}
+    rows: list[dict[str, object]] = [
+        base,
+        base | {"max_tokens": 9},
+        base | {"max_completion_tokens": 5, "max_tokens": 9},
+        base | {"max_new_tokens": 3},
+        base | {"sampling_params": {"max_new_tokens": 12}},
+    ]
+    w = tokenized(tmp_path, rows).workload
+    assert w.max_new_tokens_given.tolist() == [-1, 9, 5, 3, 12]
+    assert w.output_limits.tolist() == [1, 9, 5, 3, 12]
+    assert w.sglang_stop_finish.tolist() == [True, True, True, True, True]  # no stop on its limit
+    assert tokenized(tmp_path, [base, base]).workload.max_new_tokens is None
+
+
+def test_vllm_ignores_output_limits_and_sglang_stops_at_the_limit() -> None:
+    """vLLM's hits do not depend on ``max_new_tokens``. SGLang's overlap scheduler caches all N
+    outputs of a stop below the limit and N - 1 of a stop on the limit's last token (it skips
+    that request's in-flight step: ``_reqs_finishing_inflight``)."""
+    import dataclasses
+
+    from cache_models.workload import Workload
+
+    answer = list(range(100, 117))  # 17 outputs: the follow-up's prompt has them all
+    follow_up = PROMPT + answer + [500, 501]
+    plain = Workload.from_lists([PROMPT, follow_up], [answer, [9]], stop_finish=[True, True])
+    below = dataclasses.replace(plain, max_new_tokens=np.array([64, -1], np.int64))
+    unknown = dataclasses.replace(plain, max_new_tokens=np.array([-1, -1], np.int64))
+    at_limit = dataclasses.replace(plain, max_new_tokens=np.array([17, -1], np.int64))
+    for block_size in (1, 16):
+        vllm = [
+            VllmPrefixCache(VllmConfig(block_size=block_size)).replay(w).hit_tokens.tolist()
+            for w in (plain, below, at_limit)
+        ]
+        assert vllm[0] == vllm[1] == vllm[2]
+    sglang = [
+        SglangRadixCache(SglangConfig()).replay(w).hit_tokens[1] for w in (plain, below, unknown)
+    ]
+    assert sglang == [len(PROMPT) + 17] * 3
+    reference = SglangRadixCache(SglangConfig(), "reference").replay(at_limit).hit_tokens[1]
+    assert reference == len(PROMPT) + 16
+    assert SglangRadixCache(SglangConfig()).replay(at_limit).hit_tokens[1] == len(PROMPT) + 16
+    no_overlap = SglangConfig(overlap_schedule=False)
+    assert SglangRadixCache(no_overlap).replay(below).hit_tokens[1] == len(PROMPT) + 16

@@ -183,7 +183,7 @@ def _models(
     outputs = workload.output_lengths.astype(np.int64)
     cached = {
         "vllm": rules.vllm_peak_tokens(lengths, outputs),  # all but the last output's KV
-        "sglang": lengths + rules.sglang_kv_steps(outputs, workload.stop_finish, True),
+        "sglang": lengths + rules.sglang_kv_steps(outputs, workload.sglang_stop_finish, True),
     }
     sizes = {"vllm": settings.block_size, "sglang": settings.page_size}
     for engine, size in sizes.items():

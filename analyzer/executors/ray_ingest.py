@@ -251,7 +251,9 @@ def _workload(table: Any, unknown_base: int) -> Workload:
         stop_finish=table.column("stop_finish").to_numpy(zero_copy_only=False).astype(bool),
         **{
             name: table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
-            for name, dtype in zip(CACHE_COLUMNS, (np.int64, np.bool_, np.int64), strict=True)
+            for name, dtype in zip(
+                CACHE_COLUMNS, (np.int64, np.bool_, np.int64, np.int64), strict=True
+            )
         },
     )
 

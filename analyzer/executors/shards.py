@@ -431,7 +431,8 @@ def _every_skip_kept() -> Iterator[None]:
         errors.SKIPS_KEPT, errors.REASON_KINDS_KEPT = saved
 
 
-CACHE_COLUMNS = ("priority", "skip_prefix_lookup", "hit_limit")  # Workload's optional columns
+# Workload's optional columns
+CACHE_COLUMNS = ("priority", "skip_prefix_lookup", "hit_limit", "max_new_tokens")
 
 
 def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray]:
@@ -459,6 +460,7 @@ def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         "priority": workload.priorities,
         "skip_prefix_lookup": workload.skips_lookup,
         "hit_limit": workload.hit_limits,
+        "max_new_tokens": workload.max_new_tokens_given,
     }
     for name in CACHE_COLUMNS:
         given = np.concatenate(

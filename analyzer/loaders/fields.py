@@ -140,8 +140,9 @@ def cache_fields(obj: dict[str, Any]) -> dict[str, Any]:
     as ``Record`` keyword arguments: SGLang's ``extra_key`` (a namespace) and ``priority``
     (``--radix-eviction-policy priority``), ``logprob_start_len`` when ``return_logprob`` is set
     (SGLang matches at most that many tokens: ``Req._compute_max_prefix_len``), and vLLM's
-    ``prompt_logprobs`` (``SamplingParams.skip_reading_prefix_cache``: no lookup at all). Read
-    at the top level or under ``sampling_params`` (SGLang's ``/generate``)."""
+    ``prompt_logprobs`` (``SamplingParams.skip_reading_prefix_cache``: no lookup at all), and
+    the output limit (``output_limit``: SGLang's admission reserves it). Read at the top level
+    or under ``sampling_params`` (SGLang's ``/generate``)."""
     sampling = dict_field(obj, "sampling_params")
     fields: dict[str, Any] = {}
     extra_key = optional_str(obj, "extra_key")
@@ -163,4 +164,27 @@ def cache_fields(obj: dict[str, Any]) -> dict[str, Any]:
     start = optional_int(obj, "logprob_start_len")
     if return_logprob and start is not None and start >= 0:
         fields["logprob_start_len"] = start
+    limit = output_limit(obj, sampling)
+    if limit is not None:
+        fields["max_new_tokens"] = limit
     return fields
+
+
+# The request's output limit, first found wins: OpenAI's max_completion_tokens supersedes its
+# deprecated max_tokens (vLLM ``ChatCompletionRequest.to_sampling_params``); SGLang's
+# ``/generate`` puts max_new_tokens under sampling_params.
+LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_new_tokens")
+
+
+def output_limit(obj: dict[str, Any], sampling: dict[str, Any]) -> int | None:
+    """The request's ``max_new_tokens`` (what SGLang's ``PrefillAdder`` reserves per request),
+    from ``max_completion_tokens`` / ``max_tokens`` / ``max_new_tokens`` at the top level or
+    under ``sampling_params``; None when the log gives none."""
+    for where in (obj, sampling):
+        for key in LIMIT_FIELDS:
+            value = optional_int(where, key)
+            if value is not None:
+                if value < 0:
+                    raise BadLine(f"field {key!r} = {value} must be non-negative")
+                return value
+    return None

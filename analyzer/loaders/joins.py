@@ -25,6 +25,7 @@ class Answer:
     server_prompt_tokens: int | None = None
     lora: str | None = None  # vLLM >= 0.11 logs the LoRA on a line apart from the prompt
     prompt_logprobs: bool | None = None  # ... and its SamplingParams (prompt_logprobs set)
+    max_new_tokens: int | None = None  # ... and max_tokens
     orphan_reason: str | None = None  # why a line without its request is skipped, if not generic
 
 
@@ -54,6 +55,7 @@ def join_answers(records: Sequence[Record], answers: Sequence[Answer]) -> list[S
             "server_prompt_tokens",
             "lora",
             "prompt_logprobs",
+            "max_new_tokens",
         ):
             value = getattr(answer, name)
             if value is not None and getattr(record, name) is None:

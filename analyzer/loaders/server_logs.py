@@ -55,6 +55,7 @@ from analyzer.records import Record
 VLLM_REQUEST = re.compile(r"(?:Received request|Request) (\S+?)(?: details)?: prompt: ")
 VLLM_PARAMS = re.compile(r"Received request (\S+?): params: ")
 PROMPT_LOGPROBS = re.compile(r"SamplingParams\(.*?\bprompt_logprobs=(None|-?\d+)")
+MAX_TOKENS = re.compile(r"SamplingParams\(.*?\bmax_tokens=(None|\d+)")
 VLLM_ANSWER = re.compile(r"Generated response (\S+?)( \(streaming (?:delta|complete)\))?: output: ")
 VLLM_ANSWER_IDS = re.compile(
     r"Generated response (\S+?)( \(streaming (?:delta|complete)\))? details: output_token_ids: "
@@ -104,6 +105,7 @@ def parse_vllm(line: str, file: str, number: int) -> Record | Answer:
         add_special_tokens=not request_id.startswith("chatcmpl-"),
         lora=lora.group(1) if lora else None,
         prompt_logprobs=_asks_prompt_logprobs(rest),
+        max_new_tokens=_max_tokens(rest),
         request_id=request_id,
         arrival_s=_vllm_time(line[: request.start()]),
     )
@@ -114,6 +116,12 @@ def _asks_prompt_logprobs(text: str) -> bool | None:
     skips the prefix lookup), None when the line logs no SamplingParams."""
     found = PROMPT_LOGPROBS.search(text)
     return None if found is None else found.group(1) != "None"
+
+
+def _max_tokens(text: str) -> int | None:
+    """From a logged ``SamplingParams(...)``: its ``max_tokens`` (None when unlogged or None)."""
+    found = MAX_TOKENS.search(text)
+    return None if found is None or found.group(1) == "None" else int(found.group(1))
 
 
 def _vllm_other(line: str, file: str, number: int) -> Answer:
@@ -127,6 +135,7 @@ def _vllm_other(line: str, file: str, number: int) -> Answer:
             line=number,
             lora=lora.group(1) if lora else None,
             prompt_logprobs=_asks_prompt_logprobs(line),
+            max_new_tokens=_max_tokens(line),
             orphan_reason=f"request {params.group(1)}: vLLM logged no prompt (it logs prompts "
             "on a DEBUG 'Request ... details' line: run with --log-level DEBUG)",
         )

@@ -67,15 +67,20 @@ def long_answer_configs(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def overlap_configs(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The overlap scheduler (SGLang's default), unbounded pool; stop finishes get
+    """The overlap scheduler (SGLang's default), unbounded and bounded pools; stop finishes get
     ``max_new_tokens`` = their length + ``STOP_SLACK`` (a request that stops on EOS before its
-    limit: with the limit reached, ``_reqs_finishing_inflight`` would skip the in-flight
-    decode step and the stop would cache N-1 outputs)."""
+    limit). Four more configurations give them ``max_new_tokens`` = their length (slack 0): a
+    stop on the limit's last token, where ``_reqs_finishing_inflight`` skips the in-flight
+    decode step and the stop caches N-1 outputs."""
     largest = max(len(q["prompt_token_ids"]) + len(q["output_token_ids"]) for q in requests)
     base = {"chunk": -1, "overlap_schedule": True, "capacity_tokens": None}
     out = [base | {"max_in_flight": k, "page_size": ps} for k in (1, 2, 8) for ps in (1, 16)]
-    out.append(base | {"max_in_flight": 8, "page_size": 1, "capacity_tokens": 3 * largest})
-    return [c | {"stop_max_new_slack": STOP_SLACK} for c in out]
+    bounded = base | {"max_in_flight": 8, "page_size": 1, "capacity_tokens": 3 * largest}
+    out.append(bounded)
+    at_limit = [base | {"max_in_flight": k, "page_size": ps} for k, ps in ((1, 1), (8, 1), (8, 16))]
+    return [c | {"stop_max_new_slack": STOP_SLACK} for c in out] + [
+        c | {"stop_max_new_slack": 0} for c in [*at_limit, bounded]
+    ]
 
 
 WORKLOADS = {
