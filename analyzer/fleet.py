@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.pool import CacheKey, Routes
+from analyzer.pool import CacheFactory, CacheKey, Routes
 from analyzer.progress import Progress
 from analyzer.replay import Replays, ReplaySettings, replay_all
 from cache_models.routers.base import FleetLoad, RouteRequest
@@ -209,11 +209,18 @@ def replay_fleet(
     placement: Placement,
     replicas: int,
     progress: Progress | None = None,
+    caches: tuple[CacheFactory, CacheFactory] | None = None,
 ) -> FleetReplays:
     """Each replica's requests through its own caches (``settings.capacity_tokens`` each): the
     replay pool keyed by (model, replica); and one instance with ``replicas`` times that capacity
-    (unbounded stays unbounded)."""
-    fleet = replay_all(workload, settings, progress, models, Placed(placement.replica))
+    (unbounded stays unbounded). ``caches``: the two pools' cache factories (an executor's, one
+    each so their keys never share caches; None: this process)."""
+    fleet_caches, single_caches = caches or (None, None)
+    fleet = replay_all(
+        workload, settings, progress, models, Placed(placement.replica), fleet_caches
+    )
     total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas
-    single = replay_all(workload, replace(settings, capacity_tokens=total), progress, models)
+    single = replay_all(
+        workload, replace(settings, capacity_tokens=total), progress, models, None, single_caches
+    )
     return FleetReplays(fleet, single, placement)

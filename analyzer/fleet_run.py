@@ -12,7 +12,7 @@ import polars as pl
 from analyzer.errors import PrefixcheckError
 from analyzer.fleet import FleetOptions, FleetReplays, Placed, Placement, place, replay_fleet
 from analyzer.fleet_keys import field_values, session_keys
-from analyzer.pool import model_labels
+from analyzer.pool import CacheFactory, model_labels
 from analyzer.progress import Progress
 from analyzer.replay import (
     Replayed,
@@ -151,10 +151,12 @@ def run_fleet(
     what_ifs: tuple[str, ...] = (),
     advice_tokens: int | None = None,
     texts: list[np.ndarray] | None = None,
+    caches: tuple[CacheFactory, CacheFactory] | None = None,
 ) -> FleetRun:
     """Route and replay the whole log in arrival order; results in input order. Logs of at most
     ``advice_tokens`` prompt tokens (None: any) also get the measured router ranking and the
-    capacity advice."""
+    capacity advice. ``caches`` holds the fleet's and the single instance's caches (an
+    executor's: a Ray actor per replica and model; None: this process)."""
     workload, requests = log.workload, log.requests
     check_arrivals(workload, settings)
     order = arrival_order(workload)
@@ -174,7 +176,7 @@ def run_fleet(
     placement = place(
         workload, keys, settings, replace(options, replicas=replicas), placed_by_log, texts
     )
-    replayed = replay_fleet(workload, models, settings, placement, replicas, progress)
+    replayed = replay_fleet(workload, models, settings, placement, replicas, progress, caches)
     if order is not None:
         replayed = FleetReplays(
             in_input_order(replayed.fleet, order),

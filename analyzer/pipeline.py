@@ -125,6 +125,7 @@ def _analyzed(
                 log.sample.tokenized.requests,
                 _hash_trace(log.reader.loaded),
             ),
+            None if executor is None else (executor.caches(), executor.caches()),
         )
         replayed = fleet_run.replayed
     else:

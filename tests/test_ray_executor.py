@@ -238,3 +238,19 @@ def _strict():
     from analyzer.ingest import IngestOptions
 
     return IngestOptions(strict=True)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "sglang-cache-aware"])
+def test_a_fleet_replays_on_the_cluster_byte_identical(
+    cluster, tmp_path: Path, router: str
+) -> None:
+    files = split_lines(EXAMPLE, tmp_path / "logs", 4, "chat")
+    local, on_ray, report = reports(tmp_path, files, "--replicas", "3", "--router", router)
+    assert report["fleet"]["replicas"] == 3
+    assert sum(r["requests"] for r in report["fleet"]["per_replica"]) == 600
+    assert on_ray == local
+    # Replayed on the cluster: an actor per replica served, and the single instance's apart.
+    served = [r for r, row in enumerate(report["fleet"]["per_replica"]) if row["requests"]]
+    block = json.loads((tmp_path / "ray.json").read_text())["executor"]
+    assert block["replay_actors"] == len(served) + 1
+    assert block["pool_keys"] == [f"qwen2.5-7b-instruct#{r}" for r in served]

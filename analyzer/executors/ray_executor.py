@@ -4,10 +4,11 @@
   and tokenizer (with the token cache) and returns an Arrow table of its requests; the driver
   cuts the local reader's chunks from them (``RayIngest``).
 - Replay: the pipeline's own ``CachePool`` routes every chunk; the caches of each pool key
-  (a model's server; a replica once fleets exist) live in one actor, which consumes that key's
-  requests in the log's order, so keys replay in parallel on the cluster and each cache sees
-  exactly the requests, in exactly the order, of a local run. The prefix trie (the ceiling)
-  and the diagnosis of the leading sample run on the driver, where the sample is.
+  (a model's server; each replica of a fleet, routed on the driver) live in one actor, which
+  consumes that key's requests in the log's order, so keys replay in parallel on the cluster
+  and each cache sees exactly the requests, in exactly the order, of a local run. The prefix
+  trie (the ceiling) and the diagnosis of the leading sample run on the driver, where the
+  sample is.
 - Failures: tasks and actors are never retried (an actor's cache state cannot be rebuilt); a
   lost worker, actor or task fails the run (exit 2) naming the shard or the pool, and no report
   is written.
@@ -104,7 +105,7 @@ class RayExecutor:
         self.address = address
         self._ingest = ray.remote(num_returns=3, max_retries=0)(ingest_shard)
         self._actor = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=8)(PoolCaches)
-        self.actors: dict[CacheKey, Any] = {}
+        self.actors: list[tuple[CacheKey, Any]] = []  # every pool's, in order of creation
         self.ingest: RayIngest | None = None
 
     @classmethod
@@ -195,14 +196,18 @@ class RayExecutor:
             ) from None
 
     def caches(self) -> CacheFactory:
+        """The caches of one pool (each call: its own actors, so a fleet's replicas and its
+        single instance never share a cache)."""
+        actors: dict[CacheKey, Any] = {}
         shipped: dict[CacheKey, _Shipped] = {}
 
         def make(key: CacheKey, engine: str, settings: ReplaySettings) -> Cache:
-            if key not in self.actors:
+            if key not in actors:
                 name = f"{ACTOR_PREFIX}{len(self.actors)}"
-                self.actors[key] = self._actor.options(name=name).remote(settings, settings.engines)
+                actors[key] = self._actor.options(name=name).remote(settings, settings.engines)
+                self.actors.append((key, actors[key]))
                 shipped[key] = _Shipped()
-            return _RemoteCache(self.actors[key], engine, key, shipped[key])
+            return _RemoteCache(actors[key], engine, key, shipped[key])
 
         return make
 
@@ -210,7 +215,7 @@ class RayExecutor:
         """End this run's replay actors (their caches are merged into the report by now)."""
         import ray
 
-        for actor in self.actors.values():
+        for _, actor in self.actors:
             ray.kill(actor)
 
     def describe(self) -> dict[str, Any]:
@@ -227,5 +232,5 @@ class RayExecutor:
             "ingest_shards": len(metas),
             "ingest_workers": len({m.worker for m in metas}),
             "replay_actors": len(self.actors),
-            "pool_keys": sorted(f"{k.model}#{k.replica}" for k in self.actors),
+            "pool_keys": sorted({f"{k.model}#{k.replica}" for k, _ in self.actors}),
         }
