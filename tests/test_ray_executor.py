@@ -240,13 +240,16 @@ def _strict():
     return IngestOptions(strict=True)
 
 
-@pytest.mark.parametrize("router", ["round-robin", "sglang-cache-aware"])
+@pytest.mark.parametrize(
+    "flags", [("--router", "round-robin"), ("--router", "dynamo-kv", "--replay-in-time")]
+)
 def test_a_fleet_replays_on_the_cluster_byte_identical(
-    cluster, tmp_path: Path, router: str
+    cluster, tmp_path: Path, flags: tuple[str, ...]
 ) -> None:
     files = split_lines(EXAMPLE, tmp_path / "logs", 4, "chat")
-    local, on_ray, report = reports(tmp_path, files, "--replicas", "3", "--router", router)
+    local, on_ray, report = reports(tmp_path, files, "--replicas", "3", *flags)
     assert report["fleet"]["replicas"] == 3
+    assert [r["requests"] > 0 for r in report["fleet"]["per_replica"]] == [True] * 3
     assert sum(r["requests"] for r in report["fleet"]["per_replica"]) == 600
     assert on_ray == local
     # Replayed on the cluster: an actor per replica served, and the single instance's apart.
