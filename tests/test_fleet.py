@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 from typer.testing import CliRunner
 
+from analyzer.diagnose.losses import CATEGORIES
 from analyzer.fleet import FleetOptions, place
 from analyzer.replay import ReplaySettings
 from cache_models.config import SglangConfig, TimeModel, VllmConfig
@@ -26,16 +27,6 @@ from cache_models.workload import Workload
 from cli.main import app
 
 runner = CliRunner()
-CAUSES = (
-    "never_seen",
-    "last_token",
-    "dynamic_content",
-    "salts",
-    "alignment",
-    "concurrency",
-    "eviction",
-    "routing",
-)
 
 
 def conversations(path: Path, sessions: int = 12, turns: int = 6, seed: int = 0) -> Path:
@@ -99,7 +90,7 @@ def test_causes_with_routing_add_up_per_request(tmp_path: Path) -> None:
         "2",
     )
     for engine in ("vllm", "sglang"):
-        lost = sum(table[f"{engine}_lost_{c}"] for c in CAUSES)
+        lost = sum(table[f"{engine}_lost_{c}"] for c in CATEGORIES)
         assert (lost == table["prompt_tokens"] - table[f"{engine}_hit"]).all()
         assert (table[f"{engine}_lost_routing"] >= 0).all()
         assert table[f"{engine}_lost_routing"].sum() > 0  # round-robin splits the sessions
