@@ -36,7 +36,7 @@ def main() -> int:
         return 2
     png = Path(args.out).resolve()
     html = png.with_suffix(".html")
-    command = [sys.executable, "-c", "from cli.main import main; main()", "analyze", args.log]
+    command = [sys.executable, "-c", "from cli.entry import main; main()", "analyze", args.log]
     analyzed = subprocess.run([*command, "--html", str(html), "--quiet", *flags], cwd=ROOT)
     if analyzed.returncode not in (0, 1):  # 1: a gate failed, the report is written
         return analyzed.returncode

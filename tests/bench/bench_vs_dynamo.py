@@ -49,7 +49,7 @@ TRACES = next(
     ROOT.parent / "shared" / "data" / "traces",
 )
 MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
-PREFIXCHECK = [sys.executable, "-c", "from cli.main import main; main()"]
+PREFIXCHECK = [sys.executable, "-c", "from cli.entry import main; main()"]
 DYNAMO_SCRIPT = """
 import json, sys
 from dynamo.replay import run_trace_replay
