@@ -138,6 +138,7 @@ def _analyzed(
             namespace_labels=log.labels,
             sample_trie=options.diagnose,
             caches=None if executor is None else executor.caches(),
+            trie=None if executor is None else executor.trie,
         )
     if not options.diagnose:
         return report(log, replayed, None, options, fleet_run)

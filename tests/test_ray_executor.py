@@ -154,6 +154,11 @@ def test_byte_ranges_of_one_file_keep_lines_skips_and_pools(cluster, tmp_path: P
     block = on_ray.report.to_dict().pop("executor")
     assert block["ingest_shards"] > 4 and block["replay_actors"] == 2
     want, got = local.report.to_dict(), on_ray.report.to_dict()
+    # Past the sample the actors read their keyed shards: the driver fetched the sample's ids.
+    sample = local.tokenized.workload
+    assert block["ceiling_actor"] is True
+    assert block["driver_token_ids"] == len(sample.prompt_tokens) + len(sample.output_tokens)
+    assert block["driver_token_ids"] < 0.6 * (want["prompt_tokens"] + want["output_tokens"])
     got.pop("executor")
     assert want["diagnosis_scope"]["whole_log"] is False
     assert [s for s in want["skipped"]["examples"]] == got["skipped"]["examples"]
@@ -257,3 +262,36 @@ def test_a_fleet_replays_on_the_cluster_byte_identical(
     block = json.loads((tmp_path / "ray.json").read_text())["executor"]
     assert block["replay_actors"] == len(served) + 1
     assert block["pool_keys"] == [f"qwen2.5-7b-instruct#{r}" for r in served]
+
+
+def test_a_keyed_workload_selects_and_materializes_as_the_workload_does() -> None:
+    from analyzer.executors.keyed import KeyedWorkload, keyed_tables
+    from cache_models.workload import Workload
+
+    rng = np.random.default_rng(5)
+    prompts = [list(rng.integers(0, 900, int(rng.integers(1, 40)))) for _ in range(60)]
+    outputs = [list(rng.integers(-3, 900, int(rng.integers(1, 6)))) for _ in range(60)]
+    whole = Workload.from_arrays(prompts, outputs)
+    models = np.array([["a", "b", "c"][i % 3] for i in range(60)])
+    keyed = keyed_tables(whole, models)
+    assert keyed.keys == ["a", "b", "c"] and [t.num_rows for t in keyed.tables] == [20] * 3
+    remote = KeyedWorkload(
+        tables=tuple(keyed.tables),
+        unknown_base=(0, 0, 0),
+        source=keyed.key_of,
+        row=keyed.key_row,
+        prompt_offsets=whole.prompt_offsets,
+        output_offsets=whole.output_offsets,
+        namespace=whole.namespace,
+        stop_finish=whole.stop_finish,
+    )
+    picked = rng.permutation(60)[:25]
+    part = remote.select(picked)
+    assert len(part.tables) == 3 and part.n_requests == 25
+    of_b = np.flatnonzero(models == "b")
+    only_b = remote.select(of_b)
+    assert len(only_b.tables) == 1  # an actor fetches its own key's table only
+    for got, want in ((part, whole.select(picked)), (only_b, whole.select(of_b))):
+        built = got.materialize(list)
+        for name in ("prompt_tokens", "prompt_offsets", "output_tokens", "output_offsets"):
+            np.testing.assert_array_equal(getattr(built, name), getattr(want, name), name)
