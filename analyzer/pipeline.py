@@ -98,7 +98,12 @@ def analyze(
         analysis = _analyzed(paths, options, progress, executor, reader)
         if executor is None:
             return analysis
-        return replace(analysis, report=replace(analysis.report, executor=executor.describe()))
+        ran = replace(
+            analysis.report,
+            executor=executor.describe(),
+            run_notes=analysis.report.run_notes + executor.notes(),
+        )
+        return replace(analysis, report=ran)
     finally:
         if executor is not None:
             executor.close()

@@ -177,10 +177,24 @@ def sample_of(replays: Replays, sample: Workload, own_trie: bool = True) -> Repl
     return Replays.of({name: head(r) for name, r in replays.each().items()}, nodes)
 
 
+ROW_COLUMNS = (  # the columns of a streamed chunk's rows that the report and per-request table read
+    "file",
+    "line",
+    "model",
+    "prompt_tokens",
+    "output_tokens",
+    "output_known",
+    "server_cached_tokens",
+    "server_prompt_tokens",
+)
+
+
 def _rows_only(log: LogTable) -> LogTable:
-    """A chunk's rows without its tokens (so they can be freed)."""
+    """A chunk's rows without its tokens, and without the columns only its reading and
+    tokenizing read (salt, LoRA, tenant, finish, arrival, routing fields), so they can be
+    freed: what a streamed log holds per request until the report."""
     return LogTable(
-        requests=log.requests,
+        requests=log.requests.select([c for c in ROW_COLUMNS if c in log.requests.columns]),
         skips=log.skips,
         namespace_labels=log.namespace_labels,
         from_text=log.from_text,

@@ -17,6 +17,7 @@ from analyzer.errors import PrefixcheckError
 from analyzer.executors import ExecutorOptions
 from analyzer.pipeline import AnalyzeOptions, analyze
 from cli.main import app
+from tests.test_progress import Recorder
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "chat_logs.jsonl"
 
@@ -150,7 +151,15 @@ def test_byte_ranges_of_one_file_keep_lines_skips_and_pools(cluster, tmp_path: P
     options = AnalyzeOptions(sample_tokens=20_000, chunk_records=250)  # streamed, 4 chunks+
     local = analyze([log], options)
     executor = RayExecutor.connect(ExecutorOptions("ray", split_bytes=16_000))
-    on_ray = analyze([log], options, executor=executor)
+    recorder = Recorder()
+    on_ray = analyze([log], options, recorder, executor=executor)
+    # The input bar: the cluster's ingest over the shards' bytes with its rate, then the replay.
+    inputs = [e for e in recorder.events if e[0] == "input"]
+    ingest = [e for e in inputs if e[1].startswith("tokenizing on Ray")]
+    size = log.stat().st_size
+    assert ingest[-1][1].startswith(f"tokenizing on Ray: {len(ingest) - 1}/{len(ingest) - 1} ")
+    assert "M tokens/s" in ingest[-1][1] and ingest[-1][2:] == (size, size, 900)
+    assert [e[1] for e in inputs[len(ingest) :]] == [REPLAY_STEP] * (len(inputs) - len(ingest))
     block = on_ray.report.to_dict().pop("executor")
     assert block["ingest_shards"] > 4 and block["replay_actors"] == 2
     want, got = local.report.to_dict(), on_ray.report.to_dict()
@@ -295,3 +304,20 @@ def test_a_keyed_workload_selects_and_materializes_as_the_workload_does() -> Non
         built = got.materialize(list)
         for name in ("prompt_tokens", "prompt_offsets", "output_tokens", "output_offsets"):
             np.testing.assert_array_equal(getattr(built, name), getattr(want, name), name)
+
+
+def test_a_warm_token_cache_says_how_a_cluster_counts_it(cluster, tmp_path: Path) -> None:
+    from analyzer.ingest import IngestOptions
+
+    files = split_lines(EXAMPLE, tmp_path / "logs", 2, "chat")
+    options = AnalyzeOptions(ingest=IngestOptions(cache_dir=tmp_path / "cache"))
+    cold = analyze(files, options, executor=RayExecutor.connect(ExecutorOptions("ray")))
+    warm = analyze(files, options, executor=RayExecutor.connect(ExecutorOptions("ray")))
+    assert not any("Token cache on Ray" in note for note in cold.report.run_notes)
+    notes = [note for note in warm.report.run_notes if note.startswith("Token cache")]
+    assert "distinct texts read from disk" in notes[0]
+    assert "summed over the 2 shards" in notes[1]
+    want = analyze(files, AnalyzeOptions()).report.to_dict()
+    got = warm.report.to_dict()
+    got.pop("executor")
+    assert json.dumps(got) == json.dumps(want)  # the notes stay off the JSON

@@ -26,7 +26,8 @@ RAY_MISSING = "--executor ray needs Ray: pip install 'prefixcheck[ray]'"
 class Executor(Protocol):
     """Runs the read step (its reader yields the chunks a local read yields; the records of the
     first ``sample_tokens`` are the diagnosis's) and holds the replay's caches and a streamed
-    log's prefix trie; ``describe`` is the report's ``executor`` block."""
+    log's prefix trie; ``describe`` is the report's ``executor`` block, ``notes`` its terminal
+    notes (never in the JSON)."""
 
     def reader(
         self,
@@ -41,6 +42,8 @@ class Executor(Protocol):
     def trie(self) -> Trie: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+    def notes(self) -> list[str]: ...
 
     def close(self) -> None: ...
 

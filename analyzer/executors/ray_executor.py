@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,31 @@ class _Shipped:
             return self.object_ref
 
 
+class IngestWatch:
+    """The cluster's ingest on the input bar: shards' bytes read, requests, and the cluster's
+    rate in prompt tokens per second (rich adds the time left, from the bytes)."""
+
+    def __init__(self, specs: Sequence[ShardSpec], progress: Progress) -> None:
+        self.progress = progress
+        self.shards = len(specs)
+        self.total = sum(spec.size for spec in specs)
+        self.began = time.perf_counter()
+        self.finished = self.bytes = self.requests = self.tokens = 0
+        progress.input(self.step(), 0, self.total, 0)
+
+    def step(self) -> str:
+        seconds = time.perf_counter() - self.began
+        rate = f", {self.tokens / seconds / 1e6:,.2f}M tokens/s" if self.tokens else ""
+        return f"tokenizing on Ray: {self.finished}/{self.shards} shards{rate}"
+
+    def done(self, spec: ShardSpec, meta: ShardMeta) -> None:
+        self.finished += 1
+        self.bytes += spec.size
+        self.requests += int((meta.row_of >= 0).sum())
+        self.tokens += meta.prompt_tokens
+        self.progress.input(self.step(), self.bytes, self.total, self.requests)
+
+
 class RayExecutor:
     """A connection to a Ray cluster, and what this run placed on it."""
 
@@ -238,7 +264,7 @@ class RayExecutor:
         the first failed shard (in input order) fails the run."""
         import ray
 
-        progress.stage(f"reading and tokenizing {len(specs)} shards on Ray", len(specs))
+        watch = IngestWatch(specs, progress)
         index = {id(g): i for i, g in enumerate(generators)}
         pending = list(generators)
         gathered: dict[int, tuple[ShardMeta, ShardRefs]] = {}
@@ -249,9 +275,9 @@ class RayExecutor:
                 at = index[id(generator)]
                 try:
                     gathered[at] = _outputs(generator)
+                    watch.done(specs[at], gathered[at][0])
                 except Exception as exc:  # a task's error, a lost worker
                     failed[at] = exc
-                progress.advance(1)
             if failed and not any(index[id(p)] < min(failed) for p in pending):
                 for generator in pending:
                     ray.cancel(generator, force=True)
@@ -298,6 +324,20 @@ class RayExecutor:
 
         for actor in [actor for _, actor in self.actors] + self.tries:
             ray.kill(actor)
+
+    def notes(self) -> list[str]:
+        """How the token cache's note counts on a cluster (terminal only)."""
+        metas = self.ingest.metas if self.ingest else []
+        stats = [m.token_cache for m in metas]
+        if self.ingest is None or not any(s.from_cache for s in stats):
+            return []
+        where = self.ingest.options.cache_dir
+        return [
+            f"Token cache on Ray: each of the {len({m.worker for m in metas})} ingest workers "
+            f"used the cache at {where} on its own machine; the counts above are summed over "
+            f"the {len(metas)} shards (a text in several shards counts in each), so they can "
+            "differ from a local run's."
+        ]
 
     def describe(self) -> dict[str, Any]:
         """The report's ``executor`` block."""

@@ -102,6 +102,10 @@ class RayIngest(ChunkedIngest):
         self.tasks_seconds = 0.0
         self.driver_tokens = 0  # token ids fetched to the driver (the diagnosed sample's)
 
+    def report(self, step: str, requests: int | None = None) -> None:
+        """Nothing: each chunk put the input bar where it is as it was cut (the driver reads no
+        bytes itself, so the local reader's meter would put it back to zero)."""
+
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
         began = time.perf_counter()
         specs = plan_shards(self.paths, self.options, self.split_bytes)
@@ -147,9 +151,10 @@ class RayIngest(ChunkedIngest):
             )
             for s, count in zip(*np.unique(shards, return_counts=True), strict=True):
                 remaining[s] -= count
-                if remaining[s] == 0:
+                if remaining[s] == 0:  # the shard is done: keep only what the report names
                     del cache[s]
                     refs[s] = None
+                    metas[s] = _released(metas[s])
             read_tokens += int(tokenized.workload.prompt_offsets[-1])
             start = stop
             done_bytes = total_bytes * stop // len(seq) if total_bytes else 0
@@ -271,6 +276,24 @@ class RayIngest(ChunkedIngest):
             token_cache=stats,
         )
         return log, records
+
+
+def _released(meta: ShardMeta) -> ShardMeta:
+    """A read shard's metadata without its per-record arrays (the driver's memory follows the
+    shards being cut, not the log)."""
+    empty = np.zeros(0, np.int64)
+    return replace(
+        meta,
+        lines=empty,
+        held=empty.astype(bool),
+        estimated=empty,
+        row_of=empty,
+        key_of=empty,
+        key_row=empty,
+        token_skips=[],
+        loader_skips=[],
+        namespace_keys=[],
+    )
 
 
 def _numpy(table: Any, name: str, dtype: Any) -> np.ndarray:

@@ -77,6 +77,13 @@ class ShardSpec:
     format_name: str | None = None  # a range's (or a URI's) format, detected from its file's head
 
     @property
+    def size(self) -> int:
+        """The shard's bytes on disk (compressed files: their compressed size)."""
+        if self.start is not None and self.end is not None:
+            return self.end - self.start
+        return sum(_size(name) for name in self.files)
+
+    @property
     def label(self) -> str:
         """The shard as an error message names it."""
         if self.start is None:

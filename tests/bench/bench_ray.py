@@ -2,7 +2,8 @@
 tokens per second per worker for 1 and 2 workers, ingest and replay timed separately.
 
 Ingest: read, render and tokenize on the workers ("tasks s": until every shard is read), then the
-chunks cut on the driver. Replay: vLLM + SGLang caches in one actor per model, fed by the driver.
+chunks cut on the driver from the shards' request tables. Replay: vLLM + SGLang caches in one
+actor per model; past the first chunk each actor fetches its model's keyed token tables itself.
 
     .venv/bin/python tests/bench/bench_ray.py [--tokens 5e7] [--files 8] [--workers 1 2]
 
