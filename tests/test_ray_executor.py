@@ -311,9 +311,9 @@ def test_a_warm_token_cache_says_how_a_cluster_counts_it(cluster, tmp_path: Path
 
     files = split_lines(EXAMPLE, tmp_path / "logs", 2, "chat")
     options = AnalyzeOptions(ingest=IngestOptions(cache_dir=tmp_path / "cache"))
-    cold = analyze(files, options, executor=RayExecutor.connect(ExecutorOptions("ray")))
+    # cold: the two shards fill the cache (one may already read what the other wrote)
+    analyze(files, options, executor=RayExecutor.connect(ExecutorOptions("ray")))
     warm = analyze(files, options, executor=RayExecutor.connect(ExecutorOptions("ray")))
-    assert not any("Token cache on Ray" in note for note in cold.report.run_notes)
     notes = [note for note in warm.report.run_notes if note.startswith("Token cache")]
     assert "distinct texts read from disk" in notes[0]
     assert "summed over the 2 shards" in notes[1]
