@@ -107,8 +107,8 @@ class KeyedWorkload:
             unknown_base=tuple(self.unknown_base[int(s)] for s in used),
             source=source.ravel().astype(np.int64),
             row=self.row[indices],
-            prompt_offsets=_offsets(np.diff(self.prompt_offsets)[indices]),
-            output_offsets=_offsets(np.diff(self.output_offsets)[indices]),
+            prompt_offsets=offsets_of(np.diff(self.prompt_offsets)[indices]),
+            output_offsets=offsets_of(np.diff(self.output_offsets)[indices]),
             namespace=self.namespace[indices],
             stop_finish=self.stop_finish[indices],
             **{
@@ -144,7 +144,7 @@ class KeyedWorkload:
         )
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return offsets

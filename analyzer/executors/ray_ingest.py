@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.errors import PrefixcheckError, Skip, SkipLog, StrictModeError
-from analyzer.executors.keyed import KeyedWorkload, _offsets
+from analyzer.executors.keyed import KeyedWorkload, offsets_of
 from analyzer.executors.shards import (
     CACHE_COLUMNS,
     ShardMeta,
@@ -331,8 +331,8 @@ def _keyed_workload(
         unknown_base=tuple(bases),
         source=np.concatenate(sources),
         row=np.concatenate(rows),
-        prompt_offsets=_offsets(joined["prompt_length"]),
-        output_offsets=_offsets(joined["output_length"]),
+        prompt_offsets=offsets_of(joined["prompt_length"]),
+        output_offsets=offsets_of(joined["output_length"]),
         namespace=namespace,
         stop_finish=joined["stop_finish"],
         arrival_s=arrival_s,
