@@ -95,64 +95,100 @@ def place(
 ) -> Placement:
     """Each request's replica, routed in arrival order (the workload's order); ``texts`` are the
     requests' routing texts as code points (None: their prompt token ids stand in)."""
-    n = options.replicas
-    timed = settings.time_model is not None and workload.arrival_s is not None
-    load_model = (
-        f"in flight from arrival until a modelled finish (whole prompt at "
-        f"{settings.time_model.prefill_tokens_per_s:g} tokens/s, output at "
-        f"{settings.time_model.decode_tokens_per_s:g} tokens/s)"
-        if timed and settings.time_model is not None
-        else "none: without --replay-in-time each request finishes before the next, so "
-        "load-aware routers see no load"
-    )
-    if log_placement is not None:
+    placer = Placer(settings, options, timed=workload.arrival_s is not None)
+    return placer.placement(placer.place(workload, sessions, log_placement, texts))
+
+
+class Placer:
+    """The routing pass fed a log chunk by chunk in arrival order: the router, the router-side
+    load and the peaks are kept between chunks, so the chunks are placed as the whole log is.
+    ``timed``: the log has arrival times (with a time model, requests are in flight until their
+    modelled finish; only a whole log is replayed in time)."""
+
+    def __init__(self, settings: ReplaySettings, options: FleetOptions, timed: bool) -> None:
+        self.settings, self.options = settings, options
+        self.timed = settings.time_model is not None and timed
+        n = options.replicas
+        self.router = (
+            None
+            if options.replica_field is not None
+            else make_router(options.router, n, options.router_params)
+        )
+        self.load = FleetLoad.empty(n, settings.max_in_flight, settings.capacity_tokens)
+        self.running: list[tuple[float, int, int, int]] = []  # (finish, request, replica, tokens)
+        self.peaks = np.zeros(n, np.int64)
+        self.placed = 0  # requests placed so far: a request without a time arrives at its index
+
+    def place(
+        self,
+        workload: Workload,
+        sessions: list[str | None],
+        log_placement: np.ndarray | None = None,
+        texts: list[np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """The replicas of the next requests (``log_placement``: as the log placed them)."""
+        first, self.placed = self.placed, self.placed + workload.n_requests
+        if log_placement is not None:
+            n = max(len(self.peaks), int(log_placement.max(initial=-1)) + 1)
+            peaks = _peaks(workload, log_placement, n, self.settings, self.timed)
+            self.peaks = np.maximum(np.pad(self.peaks, (0, n - len(self.peaks))), peaks)
+            return log_placement
+        router, load, running, peaks = self.router, self.load, self.running, self.peaks
+        assert router is not None
+        chosen = np.empty(workload.n_requests, np.int64)
+        block_size = getattr(getattr(router, "config", None), "block_size", None)
+        lengths = workload.prompt_lengths
+        outputs = workload.output_lengths
+        for i in range(workload.n_requests):
+            now = (
+                float(workload.arrival_s[i]) if workload.arrival_s is not None else float(first + i)
+            )
+            while running and (not self.timed or running[0][0] <= now):
+                _, _, replica, tokens = heapq.heappop(running)
+                load.in_flight[replica] -= 1
+                load.active_tokens[replica] -= tokens
+            prompt = workload.prompt(i)
+            request = RouteRequest(
+                symbols=prompt if texts is None else texts[i],
+                session=sessions[i],
+                arrival_s=now,
+                prompt_tokens=int(lengths[i]),
+                blocks=prefix_block_hashes(prompt, int(workload.namespace[i]), block_size)
+                if block_size
+                else None,
+            )
+            replica = router.route(request, load)
+            chosen[i] = replica
+            tokens = int(lengths[i] + outputs[i])
+            load.in_flight[replica] += 1
+            load.active_tokens[replica] += tokens
+            peaks[replica] = max(peaks[replica], load.in_flight[replica])
+            finish = (
+                now + _service_s(self.settings, int(lengths[i]), int(outputs[i]))
+                if self.timed
+                else now
+            )
+            heapq.heappush(running, (finish, first + i, replica, tokens))
+        return chosen
+
+    def placement(self, replica: np.ndarray) -> Placement:
+        """The placement of the requests placed so far (``replica``: theirs, in order)."""
+        time_model = self.settings.time_model
+        load_model = (
+            f"in flight from arrival until a modelled finish (whole prompt at "
+            f"{time_model.prefill_tokens_per_s:g} tokens/s, output at "
+            f"{time_model.decode_tokens_per_s:g} tokens/s)"
+            if self.timed and time_model is not None
+            else "none: without --replay-in-time each request finishes before the next, so "
+            "load-aware routers see no load"
+        )
+        if self.router is None:
+            source = f"--replica-field {self.options.replica_field}"
+            return Placement(replica, "log", source, "as logged", self.peaks)
+        decisions = dict(getattr(self.router, "decisions", {}))
         return Placement(
-            log_placement,
-            "log",
-            f"--replica-field {options.replica_field}",
-            "as logged",
-            _peaks(workload, log_placement, n, settings, timed),
+            replica, self.router.name, self.router.source, load_model, self.peaks, decisions
         )
-    router = make_router(options.router, n, options.router_params)
-    load = FleetLoad.empty(n, settings.max_in_flight, settings.capacity_tokens)
-    running: list[tuple[float, int, int, int]] = []  # (finish, request, replica, tokens)
-    chosen = np.empty(workload.n_requests, np.int64)
-    peaks = np.zeros(n, np.int64)
-    block_size = getattr(getattr(router, "config", None), "block_size", None)
-    lengths = workload.prompt_lengths
-    outputs = workload.output_lengths
-    for i in range(workload.n_requests):
-        now = float(workload.arrival_s[i]) if workload.arrival_s is not None else float(i)
-        while running and (not timed or running[0][0] <= now):
-            _, _, replica, tokens = heapq.heappop(running)
-            load.in_flight[replica] -= 1
-            load.active_tokens[replica] -= tokens
-        prompt = workload.prompt(i)
-        request = RouteRequest(
-            symbols=prompt if texts is None else texts[i],
-            session=sessions[i],
-            arrival_s=now,
-            prompt_tokens=int(lengths[i]),
-            blocks=prefix_block_hashes(prompt, int(workload.namespace[i]), block_size)
-            if block_size
-            else None,
-        )
-        replica = router.route(request, load)
-        chosen[i] = replica
-        tokens = int(lengths[i] + outputs[i])
-        load.in_flight[replica] += 1
-        load.active_tokens[replica] += tokens
-        peaks[replica] = max(peaks[replica], load.in_flight[replica])
-        finish = now + _service_s(settings, int(lengths[i]), int(outputs[i])) if timed else now
-        heapq.heappush(running, (finish, i, replica, tokens))
-    return Placement(
-        chosen,
-        router.name,
-        router.source,
-        load_model,
-        peaks,
-        dict(getattr(router, "decisions", {})),
-    )
 
 
 def _service_s(settings: ReplaySettings, prompt: int, output: int) -> float:

@@ -117,8 +117,13 @@ def capacity_for_share(
 
 
 def advice(
-    ranking: list[dict[str, Any]], options: FleetOptions, capacity: dict[str, Any]
+    ranking: list[dict[str, Any]],
+    options: FleetOptions,
+    capacity: dict[str, Any],
+    scope: str = "this log",
 ) -> list[Recommendation]:
+    """The router and capacity recommendations measured on ``scope`` (this log, or a streamed
+    log's diagnosed sample)."""
     balanced = [r for r in ranking if r["request_imbalance"] <= BALANCE_LIMIT]
     best = balanced[0] if balanced else ranking[0]
     key = f" on {best['session_field']}" if best["session_field"] else ""
@@ -129,7 +134,7 @@ def advice(
             summary=f"Route with {best['router']}{key}: {best['hit_rate']['vllm']:.1%} vLLM / "
             f"{best['hit_rate']['sglang']:.1%} SGLang hit rate on {options.replicas} replicas, "
             f"busiest replica {best['request_imbalance']:.2f}x the mean requests (measured on "
-            f"this log; the best whose busiest replica serves at most {BALANCE_LIMIT}x the mean; "
+            f"{scope}; the best whose busiest replica serves at most {BALANCE_LIMIT}x the mean; "
             "every candidate in fleet.router_ranking"
             + ("" if timed else "; load-aware routers need --replay-in-time")
             + ").",

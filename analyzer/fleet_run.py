@@ -28,10 +28,13 @@ from analyzer.workload import TokenizedLog
 from cache_models.workload import Workload
 
 
-def log_placement(requests: pl.DataFrame, field: str) -> tuple[np.ndarray, list[str]]:
-    """The replica each request was served by, numbered by first appearance."""
+def log_placement(
+    requests: pl.DataFrame, field: str, names: dict[str, int] | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """The replica each request was served by, numbered by first appearance (in ``names``, kept
+    between the chunks of a streamed log)."""
     values = field_values(requests, field)
-    names: dict[str, int] = {}
+    names = {} if names is None else names
     placed = np.empty(len(values), np.int64)
     for i, value in enumerate(values):
         if value is None or value == "":
@@ -72,9 +75,14 @@ class FleetSummary:
     router_ranking: list[dict[str, Any]] = field(default_factory=list)  # measured candidates
     capacity_for_share: dict[str, Any] | None = None  # per-replica capacity for 90% of hits
     advice_skipped: str | None = None  # why no ranking was measured
+    # a streamed log's: the diagnosed sample the ranking and capacity advice were measured on
+    # (its requests and prompt tokens); None: the whole log (and not in the JSON)
+    advice_sample: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = self.__dict__ | {"per_replica": [r.__dict__ for r in self.per_replica]}
+        if self.advice_sample is None:
+            del out["advice_sample"]
         out["definition"] = (
             "hit rates over all prompt tokens; single_instance: one instance holding the "
             "fleet's total capacity; routing loss: its hits minus the fleet's"
@@ -89,6 +97,12 @@ class FleetRun:
     placement: np.ndarray  # input order
     summary: FleetSummary
     settings: ReplaySettings  # the single instance's (total capacity)
+    single_sample: Replays | None = None  # a streamed log's: the single instance's on the sample
+
+    @property
+    def sample_single(self) -> Replays:
+        """The single instance's results on the diagnosed sample (the whole log unless streamed)."""
+        return self.single if self.single_sample is None else self.single_sample
 
 
 FLEET_FIXES = ("router=", "replicas=", "session-field=")
@@ -188,7 +202,7 @@ def run_fleet(
     if order is not None:
         lengths = _unpermute(lengths, order)
     summary = replace(
-        _summary(replayed, lengths, replicas, settings, keyless, names), what_if=changes
+        fleet_summary(replayed, lengths, replicas, settings, keyless, names), what_if=changes
     )
     prompt_tokens = int(lengths.sum())
     if options.replica_field is not None:
@@ -200,26 +214,10 @@ def run_fleet(
             "prompt tokens (--diagnose-tokens); try --what-if router=NAME",
         )
     else:
-        from analyzer.fleet_advice import capacity_for_share, rank_routers
-
         fleet = replace(options, replicas=replicas)
-        ranking = rank_routers(workload, requests, models, settings, fleet, texts)
-        single_unbounded = (
-            replayed.single
-            if settings.capacity_tokens is None
-            else replay_all(workload, replace(settings, capacity_tokens=None), None, models)
+        summary = with_advice(
+            summary, workload, requests, models, settings, fleet, replayed.single, texts
         )
-        capacity = capacity_for_share(
-            workload,
-            requests,
-            models,
-            settings,
-            fleet,
-            single_unbounded.sglang.total_hit_tokens,
-            int(replayed.single.trie.length.sum()),
-            texts=texts,
-        )
-        summary = replace(summary, router_ranking=ranking, capacity_for_share=capacity)
     total = None if settings.capacity_tokens is None else settings.capacity_tokens * replicas
     return FleetRun(
         Replayed(log, replayed.fleet, order, log, replayed.fleet),
@@ -230,13 +228,46 @@ def run_fleet(
     )
 
 
+def with_advice(
+    summary: FleetSummary,
+    workload: Workload,
+    requests: pl.DataFrame,
+    models: np.ndarray,
+    settings: ReplaySettings,
+    fleet: FleetOptions,
+    single: Replays,
+    texts: list[np.ndarray] | None,
+) -> FleetSummary:
+    """``summary`` with the measured router ranking and capacity advice on ``workload`` (the
+    whole log, or a streamed log's sample); ``single``: one instance's replay of it."""
+    from analyzer.fleet_advice import capacity_for_share, rank_routers
+
+    ranking = rank_routers(workload, requests, models, settings, fleet, texts)
+    single_unbounded = (
+        single
+        if settings.capacity_tokens is None
+        else replay_all(workload, replace(settings, capacity_tokens=None), None, models)
+    )
+    capacity = capacity_for_share(
+        workload,
+        requests,
+        models,
+        settings,
+        fleet,
+        single_unbounded.sglang.total_hit_tokens,
+        int(single.trie.length.sum()),
+        texts=texts,
+    )
+    return replace(summary, router_ranking=ranking, capacity_for_share=capacity)
+
+
 def _unpermute(values: np.ndarray, order: np.ndarray) -> np.ndarray:
     restored = np.empty_like(values)
     restored[order] = values
     return restored
 
 
-def _summary(
+def fleet_summary(
     replayed: FleetReplays,
     lengths: np.ndarray,
     replicas: int,
@@ -286,19 +317,30 @@ def _summary(
     )
 
 
-def fleet_notes(summary: FleetSummary, diagnose_tokens: int | None = None) -> list[str]:
+def fleet_notes(
+    summary: FleetSummary, diagnose_tokens: int | None = None, streamed: bool = False
+) -> list[str]:
     notes = [
         f"Fleet of {summary.replicas} replicas behind {summary.router} ({summary.router_source}); "
         f"engine hit rates are the fleet's. Load model: {summary.load_model}."
     ]
     requests = sum(r.requests for r in summary.per_replica)
     tokens = sum(r.prompt_tokens for r in summary.per_replica)
-    if diagnose_tokens is not None and tokens > diagnose_tokens:
+    if not streamed and diagnose_tokens is not None and tokens > diagnose_tokens:
         notes.append(
-            f"Fleet runs are not streamed: the whole log ({requests:,} requests, {tokens:,} "
-            f"prompt tokens, more than --diagnose-tokens {diagnose_tokens:,}) was held in memory, "
-            "and the diagnosis (losses by cause, routing included, and recommendations) covers "
-            "all of it."
+            f"The fleet was not streamed: the whole log ({requests:,} requests, {tokens:,} "
+            f"prompt tokens, more than --diagnose-tokens {diagnose_tokens:,}) was held in memory "
+            "(it was read in one chunk, or --concurrency, --replay-in-time or --executor ray "
+            "hold a fleet whole), and the diagnosis (losses by cause, routing included, and "
+            "recommendations) covers all of it."
+        )
+    if summary.advice_sample is not None:
+        notes.append(
+            "The measured router ranking and capacity advice (fleet.router_ranking, "
+            "fleet.capacity_for_share) replayed the diagnosed sample: the first "
+            f"{summary.advice_sample['requests']:,} requests "
+            f"({summary.advice_sample['prompt_tokens']:,} prompt tokens); their hit rates are "
+            "over its prompt tokens, not the whole log's."
         )
     if summary.advice_skipped:
         notes.append(f"No measured router ranking or capacity advice: {summary.advice_skipped}.")
@@ -316,4 +358,5 @@ def fleet_recommendations(summary: FleetSummary, options: FleetOptions) -> list:
         return []
     from analyzer.fleet_advice import advice
 
-    return advice(summary.router_ranking, options, summary.capacity_for_share)
+    scope = "this log" if summary.advice_sample is None else "the diagnosed sample"
+    return advice(summary.router_ranking, options, summary.capacity_for_share, scope)

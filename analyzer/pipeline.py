@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.fleet import FleetOptions
 from analyzer.fleet_fields import routing_fields, with_routing_fields
 from analyzer.fleet_run import FleetRun, fleet_notes, fleet_recommendations, run_fleet
+from analyzer.fleet_stream import stream_fleet
 from analyzer.fleet_text import routing_symbols
 from analyzer.ingest import CHUNK_RECORDS, Chunk, ChunkedIngest, Ingested, IngestOptions
 from analyzer.loaders import LoadResult
@@ -32,6 +34,7 @@ from analyzer.prefixes import (
     template_groups,
 )
 from analyzer.progress import NoProgress, Progress
+from analyzer.records import Record
 from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log, sample_of
 from analyzer.report import (
     DiagnosisScope,
@@ -93,7 +96,9 @@ def analyze(
         reader = (
             None
             if executor is None
-            else executor.reader(paths, options.ingest, progress, sample_budget(options))
+            else executor.reader(
+                paths, options.ingest, progress, sample_budget(options, on_executor=True)
+            )
         )
         analysis = _analyzed(paths, options, progress, executor, reader)
         if executor is None:
@@ -117,27 +122,14 @@ def _analyzed(
     reader: ChunkedIngest | None,
 ) -> Analysis:
     log = read(paths, options, progress, reader)
-    if options.fleet is not None:  # a fleet is routed and replayed as a whole
-        fleet_run = run_fleet(
-            log.sample.tokenized,
-            options.settings,
-            options.fleet,
-            progress,
-            options.fleet_what_if,
-            options.sample_tokens,
-            routing_symbols(
-                log.reader.loaded.records,
-                log.sample.tokenized.requests,
-                _hash_trace(log.reader.loaded),
-            ),
-            None if executor is None else (executor.caches(), executor.caches()),
-        )
+    if options.fleet is not None:  # routed and replayed as a whole, or streamed
+        fleet_run = _fleet_run(log, options, progress, executor)
         replayed = fleet_run.replayed
     else:
         fleet_run = None
         replayed = replay_log(
             log.sample.tokenized,
-            log.rest,
+            (chunk.tokenized for chunk in log.rest),
             options.settings,
             progress,
             namespace_labels=log.labels,
@@ -154,6 +146,44 @@ def _analyzed(
     return report(log, replayed, diagnosed, options, fleet_run)
 
 
+def _fleet_run(
+    log: ReadLog, options: AnalyzeOptions, progress: Progress, executor: Executor | None
+) -> FleetRun:
+    """The fleet of a log held whole (``run_fleet``) or streamed past its sample."""
+    assert options.fleet is not None
+
+    def texts(records: list[Record], requests: pl.DataFrame) -> list[np.ndarray] | None:
+        return routing_symbols(records, requests, _hash_trace(log.reader.loaded))
+
+    sample = log.sample.tokenized
+    following = next(log.rest, None)
+    if following is not None:
+        rest = (
+            (chunk.tokenized, texts(chunk.records, chunk.tokenized.requests))
+            for chunk in chain([following], log.rest)
+        )
+        return stream_fleet(
+            sample,
+            texts(log.reader.loaded.records, sample.requests),
+            rest,
+            options.settings,
+            options.fleet,
+            options.fleet_what_if,
+            log.labels,
+            options.diagnose,
+        )
+    return run_fleet(
+        sample,
+        options.settings,
+        options.fleet,
+        progress,
+        options.fleet_what_if,
+        options.sample_tokens,
+        texts(log.reader.loaded.records, sample.requests),
+        None if executor is None else (executor.caches(), executor.caches()),
+    )
+
+
 @dataclass
 class ReadLog:
     """The log as read: its leading sample in memory (the whole log when it fits), then the
@@ -161,7 +191,7 @@ class ReadLog:
 
     reader: ChunkedIngest
     sample: Ingested
-    rest: Iterator[TokenizedLog]
+    rest: Iterator[Chunk]
 
     def labels(self) -> list[str]:
         """Namespace labels of everything read so far (the whole log once streamed)."""
@@ -176,6 +206,7 @@ def read(
 ) -> ReadLog:
     """Read and tokenize chunks until ``sample_tokens`` prompt tokens (a replay that is not
     sequential reads the whole log); the rest is read as the replay streams it."""
+    budget = sample_budget(options, on_executor=reader is not None)
     routed = routing_fields(options.fleet, options.fleet_what_if)
     ingest = with_routing_fields(options.ingest, routed)
     if reader is None:
@@ -183,23 +214,24 @@ def read(
     else:  # an executor's reader: the same options
         reader.options = ingest
     chunks = reader.chunks(options.chunk_records)
-    head = _head(chunks, sample_budget(options))
+    head = _head(chunks, budget)
     sample = reader.finished(head)
     return ReadLog(reader, sample, _replaying(reader, chunks))
 
 
-def _replaying(reader: ChunkedIngest, chunks: Iterator[Chunk]) -> Iterator[TokenizedLog]:
+def _replaying(reader: ChunkedIngest, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
     """The chunks after the sample, each reported to the input's progress bar as it goes to the
     replay."""
     for chunk in chunks:
         reader.report("replaying")
-        yield chunk.tokenized
+        yield chunk
 
 
-def sample_budget(options: AnalyzeOptions) -> int | None:
+def sample_budget(options: AnalyzeOptions, on_executor: bool = False) -> int | None:
     """The prompt tokens read before the replay starts and diagnosed (None: the whole log, as a
-    replay that is not sequential, or a fleet's, needs)."""
-    streams = options.settings.sequential and options.fleet is None
+    replay that is not sequential, or a fleet on an executor, needs: its routing pass reads
+    every request's tokens on the driver)."""
+    streams = options.settings.sequential and (options.fleet is None or not on_executor)
     return options.sample_tokens if streams else None
 
 
@@ -216,8 +248,8 @@ def diagnose(
     shape = preset(options.model_preset)
     sample_replays, settings, fleet_hits = replayed.sample_replays, options.settings, None
     if fleet_run is not None:
-        sample_replays, settings = fleet_run.single, fleet_run.settings
-        fleet = replayed.replays
+        sample_replays, settings = fleet_run.sample_single, fleet_run.settings
+        fleet = replayed.sample_replays
         fleet_hits = {"vllm": fleet.vllm.hit_tokens, "sglang": fleet.sglang.hit_tokens}
     return diagnose_log(
         replayed.sample.workload,
@@ -323,7 +355,11 @@ def report(
             else []
         )
         + ([_sample_note(sample, whole, settings)] if replayed.streamed and diagnosed else [])
-        + ([] if fleet_run is None else fleet_notes(fleet_run.summary, options.sample_tokens)),
+        + (
+            []
+            if fleet_run is None
+            else fleet_notes(fleet_run.summary, options.sample_tokens, replayed.streamed)
+        ),
         run_notes=cache_notes(whole.token_cache),
         prefill_estimate=prefill_estimate(
             preset(options.model_preset),

@@ -109,12 +109,14 @@ def replay_log(
     chunks: list[dict[str, ReplayResult]] = []
     tables: list[LogTable] = []
     for log in chain([sample, following], rest):  # the input's progress bar follows the chunks
-        chunks.append(_fed(pool, ceiling, log.workload, model_labels(log.requests["model"])))
-        tables.append(_rows_only(log))
+        chunks.append(
+            replay_chunk(pool, ceiling, log.workload, model_labels(log.requests["model"]))
+        )
+        tables.append(rows_only(log))
     results = {name: concatenated([chunk[name] for chunk in chunks]) for name in chunks[0]}
     replays = Replays.of(results, ceiling.nodes)
     labels = namespace_labels() if namespace_labels else tables[-1].namespace_labels
-    whole = _joined(tables, labels)
+    whole = joined_rows(tables, labels)
     return Replayed(
         whole, replays, None, sample, sample_of(replays, sample.workload, own_trie=sample_trie)
     )
@@ -136,10 +138,10 @@ def replay_all(
     trie = PrefixTrie()
     tokens = int(workload.prompt_offsets[-1])
     progress.stage("replaying (tokens × caches)", (len(pool.engines) + 1) * tokens)
-    return Replays.of(_fed(pool, trie, workload, models, progress.advance), trie.nodes)
+    return Replays.of(replay_chunk(pool, trie, workload, models, progress.advance), trie.nodes)
 
 
-def _fed(
+def replay_chunk(
     pool: CachePool,
     trie: Trie,
     workload: Workload,
@@ -189,7 +191,7 @@ ROW_COLUMNS = (  # the columns of a streamed chunk's rows that the report and pe
 )
 
 
-def _rows_only(log: LogTable) -> LogTable:
+def rows_only(log: LogTable) -> LogTable:
     """A chunk's rows without its tokens, and without the columns only its reading and
     tokenizing read (salt, LoRA, tenant, finish, arrival, routing fields), so they can be
     freed: what a streamed log holds per request until the report."""
@@ -203,7 +205,7 @@ def _rows_only(log: LogTable) -> LogTable:
     )
 
 
-def _joined(tables: list[LogTable], namespace_labels: list[str]) -> LogTable:
+def joined_rows(tables: list[LogTable], namespace_labels: list[str]) -> LogTable:
     return LogTable(
         requests=pl.concat([t.requests for t in tables], how="vertical_relaxed"),
         skips=sum((t.skips for t in tables), SkipLog()),

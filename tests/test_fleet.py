@@ -384,7 +384,7 @@ def test_a_fleet_over_diagnose_tokens_is_diagnosed_whole(tmp_path: Path) -> None
     assert scope["whole_log"] and scope["prompt_tokens"] == total
     assert scope["requests"] == table.height
     assert any(
-        n.startswith("Fleet runs are not streamed") and f"{total:,} prompt tokens" in n
+        n.startswith("The fleet was not streamed") and f"{total:,} prompt tokens" in n
         for n in report["notes"]
     )
     assert "--diagnose-tokens" in report["fleet"]["advice_skipped"]
