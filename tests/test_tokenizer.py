@@ -126,3 +126,18 @@ def test_hub_name_offline_fails_at_once(
     message = str(error.value)
     assert (reason or "127.0.0.1:9 cannot be reached") in message
     assert "tokenizer.json" in message
+
+
+def test_sharded_batches_give_each_texts_own_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches cut into per-thread shards (of uneven texts, empty ones and special tokens
+    included) give every text the ids of encoding it alone, in order."""
+    from analyzer import tokenizer_fast
+
+    monkeypatch.setattr(tokenizer_fast, "SHARD_MIN_CHARS", 1)
+    monkeypatch.setattr(tokenizer_fast, "ENCODE_THREADS", 3)
+    tokenizer = load_tokenizer(None)
+    texts = ["", "a", "hello <|im_end|> world " * 40, "é" * 7, "x y z", "1234567890" * 9]
+    rows = tokenizer.encode_batch(texts, add_special_tokens=False)
+    alone = [tokenizer.encode_batch([text], add_special_tokens=False)[0] for text in texts]
+    assert [row.tolist() for row in rows] == [row.tolist() for row in alone]
+    assert len(rows[2]) > 40 and rows[0].size == 0
