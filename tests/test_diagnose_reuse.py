@@ -9,7 +9,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from analyzer.diagnose import _renamed
+from analyzer.diagnose import _renamed, scenarios
 from analyzer.diagnose.reach import reached_rows
 from analyzer.diagnose.scenarios import Scenario, replay_many
 from analyzer.replay import ReplaySettings
@@ -65,9 +65,12 @@ def _random_log(rng: np.random.Generator, n: int) -> tuple[list, list, np.ndarra
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_replaying_the_reached_requests_alone_gives_the_full_replay(seed: int) -> None:
+def test_replaying_the_reached_requests_alone_gives_the_full_replay(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fix replayed on the requests its edits can reach, the rest keeping the base's hits,
     gives the hits of replaying the whole edited log, at every block and page size."""
+    monkeypatch.setattr(scenarios, "SUBSET_MAX_SHARE", 1.0)  # the subset however large
     rng = np.random.default_rng(seed)
     n = 120
     prompts, outputs, namespace, stops = _random_log(rng, n)

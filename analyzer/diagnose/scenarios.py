@@ -32,6 +32,9 @@ from cache_models.workload import Workload
 
 # Below this many prompt tokens per job, worker start-up costs more than it saves.
 PARALLEL_MIN_TOKENS = 2_000_000
+# A fix that reaches more of the log than this is replayed whole: a copy of most of the log
+# (held beside the trie it builds) would save little time and cost memory.
+SUBSET_MAX_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ def _reached_replay(scenario: Scenario) -> dict[str, np.ndarray]:
     views = _views(scenario)
     finest = min(view.granularity for view in views.values())
     rows = reached_rows(scenario.base, scenario.workload, finest, scenario.servers)
-    if len(rows) == scenario.workload.n_requests:
+    if len(rows) > SUBSET_MAX_SHARE * scenario.workload.n_requests:
         return _trie_replays([replace(scenario, base=None, base_hits=None)])[0]
     part = Scenario(
         scenario.workload.select(rows),
