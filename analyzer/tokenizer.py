@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from analyzer.errors import PrefixcheckError
-from analyzer.tokenizer_fast import FastEncoding, encode_sharded, fast_encoding
+from analyzer.tokenizer_fast import FastEncoding, encode_segmented, fast_encoding
 
 DEFAULT_TOKENIZER = "qwen2.5"
 TIKTOKEN_PREFIX = "tiktoken:"
@@ -163,7 +163,7 @@ class TiktokenTokenizer:
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
         if self.normalize_nfc:
             texts = [unicodedata.normalize("NFC", text) for text in texts]
-        ids = encode_sharded(self._encoding, texts)
+        ids = encode_segmented(self._encoding, texts)
         bos = self.token_id(self.special.bos_token) if self.special.bos_token else None
         prefix = (
             [bos] if add_special_tokens and self.special.add_bos_token and bos is not None else []
