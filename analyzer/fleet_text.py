@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import polars as pl
+from numba import njit
 
 from analyzer.records import Record
+from analyzer.workload import TokenizedLog
 
 
 def _content(content: Any) -> str | None:
@@ -52,17 +53,46 @@ def routing_text(record: Record) -> str | None:
 
 
 def routing_symbols(
-    records: list[Record], requests: pl.DataFrame, hash_trace: bool
+    records: list[Record], log: TokenizedLog, hash_trace: bool
 ) -> list[np.ndarray] | None:
-    """Each request's routing text as code points (requests' order); None for hash traces."""
+    """Each request's routing text as code points (requests' order); None for hash traces. A
+    request given as token ids routes on its ids as decimal numbers, taken from the workload
+    (the reader drops a record's ids once they are in it)."""
     if hash_trace:
         return None
     by_line = {(r.file, r.line): r for r in records}
+    requests, workload = log.requests, log.workload
     out = []
-    for file, line in zip(requests["file"], requests["line"], strict=True):
+    for i, (file, line) in enumerate(zip(requests["file"], requests["line"], strict=True)):
         record = by_line.get((file, int(line)))
-        text = routing_text(record) if record is not None else None
-        out.append(
-            np.frombuffer((text or "").encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-        )
+        if record is not None and (record.messages is not None or record.prompt is not None):
+            text = routing_text(record) or ""
+            out.append(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64))
+        else:
+            start, stop = workload.prompt_offsets[i], workload.prompt_offsets[i + 1]
+            out.append(decimal_symbols(workload.prompt_tokens[start:stop]))
+    return out
+
+
+@njit(cache=True)
+def decimal_symbols(ids: np.ndarray) -> np.ndarray:
+    """The code points of ``" ".join(str(i) for i in ids)`` (ids >= 0)."""
+    n = 0
+    for value in ids:
+        n += 1 + (value >= 10) + (value >= 100) + (value >= 1000) + (value >= 10_000)
+        n += (value >= 100_000) + (value >= 1_000_000) + (value >= 10_000_000)
+        n += (value >= 100_000_000) + (value >= 1_000_000_000)
+    out = np.empty(max(0, n + len(ids) - 1), np.int64)
+    at = 0
+    for k, value in enumerate(ids):
+        if k:
+            out[at] = 32  # " "
+            at += 1
+        digits = 1
+        while value >= 10**digits and digits < 10:
+            digits += 1
+        for d in range(digits - 1, -1, -1):
+            out[at + d] = 48 + value % 10
+            value //= 10
+        at += digits
     return out

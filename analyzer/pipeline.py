@@ -152,19 +152,19 @@ def _fleet_run(
     """The fleet of a log held whole (``run_fleet``) or streamed past its sample."""
     assert options.fleet is not None
 
-    def texts(records: list[Record], requests: pl.DataFrame) -> list[np.ndarray] | None:
-        return routing_symbols(records, requests, _hash_trace(log.reader.loaded))
+    def texts(records: list[Record], tokenized: TokenizedLog) -> list[np.ndarray] | None:
+        return routing_symbols(records, tokenized, _hash_trace(log.reader.loaded))
 
     sample = log.sample.tokenized
     following = next(log.rest, None)
     if following is not None:
         rest = (
-            (chunk.tokenized, texts(chunk.records, chunk.tokenized.requests))
+            (chunk.tokenized, texts(chunk.records, chunk.tokenized))
             for chunk in chain([following], log.rest)
         )
         return stream_fleet(
             sample,
-            texts(log.reader.loaded.records, sample.requests),
+            texts(log.reader.loaded.records, sample),
             rest,
             options.settings,
             options.fleet,
@@ -179,7 +179,7 @@ def _fleet_run(
         progress,
         options.fleet_what_if,
         options.sample_tokens,
-        texts(log.reader.loaded.records, sample.requests),
+        texts(log.reader.loaded.records, sample),
         None if executor is None else (executor.caches(), executor.caches()),
     )
 

@@ -390,3 +390,27 @@ def test_a_fleet_over_diagnose_tokens_is_diagnosed_whole(tmp_path: Path) -> None
     assert "--diagnose-tokens" in report["fleet"]["advice_skipped"]
     assert report["fleet"]["router_ranking"] == []
     assert table["vllm_lost_routing"].null_count() == 0  # per-request causes for all
+
+
+def test_token_id_requests_route_on_their_ids_as_text(tmp_path: Path) -> None:
+    """sgl-model-gateway routes ``/generate`` input ids on their decimal text: a log of token ids
+    makes the cache-aware router's decisions of the same log given as those texts (the reader
+    drops a record's ids once they are in the workload; the text comes from the workload)."""
+    rng = random.Random(3)
+    ids_log, text_log = tmp_path / "ids.jsonl", tmp_path / "text.jsonl"
+    with ids_log.open("w") as ids_out, text_log.open("w") as text_out:
+        for i in range(40):
+            ids = list(range(1000 + 500 * (i % 2), 1300 + 500 * (i % 2)))
+            ids += [rng.randrange(5000, 9000) for _ in range(20)]
+            ids_out.write(json.dumps({"prompt_token_ids": ids}) + "\n")
+            text_out.write(json.dumps({"prompt": " ".join(map(str, ids))}) + "\n")
+    decisions = []
+    for log, fmt in ((ids_log, "tokens"), (text_log, "prompt")):
+        out = tmp_path / f"{fmt}.json"
+        args = ["analyze", str(log), "--format", fmt, "--replicas", "2", "--quiet"]
+        args += ["--router", "sglang-cache-aware", "--json", str(out)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        decisions.append(json.loads(out.read_text())["fleet"]["decisions"])
+    assert decisions[0] == decisions[1]
+    assert decisions[0]["cache_hit"] == 38  # each group's first request misses, the rest hit
