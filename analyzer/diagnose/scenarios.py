@@ -197,7 +197,14 @@ def _engine_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]
     _PENDING = list(scenarios)  # forked workers inherit them: no pickling of the workloads
     try:
         context = multiprocessing.get_context("fork")
-        with context.Pool(workers, initializer=_worker_started, initargs=(os.getpid(),)) as pool:
+        # Ctrl-C or SIGTERM between a fork and the worker's own handlers would run the parent's
+        # (which raise) in the child: held off until the workers exist, then delivered here.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
+        try:
+            pool = context.Pool(workers, initializer=_worker_started, initargs=(os.getpid(),))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with pool:
             return pool.map(_replay_pending, range(len(scenarios)), chunksize=1)
     finally:  # leaving the with block (error, Ctrl-C, SIGTERM) terminated the workers
         _PENDING = []
@@ -232,6 +239,7 @@ def _worker_started(parent: int) -> None:
     raise, are not inherited), and the worker is killed if the parent dies first."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C: the parent ends us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _ENDING)  # held since the fork: now the defaults
     if sys.platform == "linux":
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
@@ -241,6 +249,7 @@ def _worker_started(parent: int) -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+_ENDING = {signal.SIGINT, signal.SIGTERM}
 
 
 def _start_methods() -> list[str]:
