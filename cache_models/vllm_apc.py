@@ -160,8 +160,11 @@ def _replay_fast(
     peaks = _peak_blocks(workload, size)
     limit = kernel.UNBOUNDED if config.usable_blocks is None else config.usable_blocks
     if pool is None:
-        pool = kernel.new_pool(limit, min(limit + 1, 1024))
+        pool = kernel.pool_arrays(limit, min(limit + 1, 1024))
     runnable = peaks <= limit
+    # Room for every block the chunk's requests hold at their peaks, allocated here by numpy
+    # (huge pages); a replay that needs more (preemptions) grows the pool in the kernel.
+    pool = kernel.with_room(pool, int(peaks[runnable].sum()))
     tally = np.zeros((6, workload.n_requests), np.int64)
     args = (
         np.ascontiguousarray(workload.prompt_tokens, np.int32),
