@@ -55,10 +55,12 @@ class Comparison:
     losses: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     templates: list[TemplateChange] = field(default_factory=list)
     block_size: int = 16
+    warnings: list[str] = field(default_factory=list)  # why some changes do not compare
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
+            "warnings": self.warnings,
             "engines": {
                 c.engine: {
                     "base_hit_rate": c.base_hit_rate,
@@ -169,8 +171,9 @@ def compare_reports(base: dict[str, Any], head: dict[str, Any], engine: str = "b
         )
         for name in engines_for(engine)
     ]
+    warnings = _scope_warnings(base.get("diagnosis_scope"), head.get("diagnosis_scope"))
     losses: dict[str, dict[str, tuple[int, int]]] = {}
-    for name in engines_for(engine):
+    for name in engines_for(engine) if not warnings else ():
         base_losses = base.get("losses", {}).get(name, {})
         head_losses = head.get("losses", {}).get(name, {})
         kinds = sorted(set(base_losses) | set(head_losses))
@@ -184,7 +187,28 @@ def compare_reports(base: dict[str, Any], head: dict[str, Any], engine: str = "b
             base.get("shared_prefixes", []), head.get("shared_prefixes", [])
         ),
         block_size=head.get("block_size", 16),
+        warnings=warnings,
     )
+
+
+def _scope_warnings(base: Any, head: Any) -> list[str]:
+    """Why the two reports' losses by cause do not compare (then none are shown): one report has
+    no diagnosis (``--no-diagnosis``), or the diagnoses cover different requests (a streamed log's
+    leading sample of another size, or a sample beside a whole log)."""
+    if not isinstance(base, dict) and not isinstance(head, dict):
+        return []
+    if not isinstance(base, dict) or not isinstance(head, dict):
+        which = "base" if not isinstance(base, dict) else "head"
+        return [f"the {which} report has no diagnosis: losses by cause are not compared"]
+    if base.get("whole_log") is True and head.get("whole_log") is True:
+        return []  # each over its whole log, as a change to the template would leave it
+    keys = ("whole_log", "requests", "prompt_tokens")
+    if all(base.get(k) == head.get(k) for k in keys):
+        return []
+    return [
+        f"the diagnoses cover different requests (base {base.get('description', '?')}; head "
+        f"{head.get('description', '?')}): losses by cause are not compared"
+    ]
 
 
 def _tokens(entry: Any) -> int:

@@ -98,7 +98,12 @@ def analyze(
         analysis = _analyzed(paths, options, progress, executor, reader)
         if executor is None:
             return analysis
-        return replace(analysis, report=replace(analysis.report, executor=executor.describe()))
+        ran = replace(
+            analysis.report,
+            executor=executor.describe(),
+            run_notes=analysis.report.run_notes + executor.notes(),
+        )
+        return replace(analysis, report=ran)
     finally:
         if executor is not None:
             executor.close()
@@ -138,6 +143,7 @@ def _analyzed(
             namespace_labels=log.labels,
             sample_trie=options.diagnose,
             caches=None if executor is None else executor.caches(),
+            trie=None if executor is None else executor.trie,
         )
     if not options.diagnose:
         return report(log, replayed, None, options, fleet_run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -19,6 +20,15 @@ from analyzer.workload import LogTable, TokenizedLog
 from cache_models.prefix_trie import PrefixTrie, TrieNodes
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
+
+
+class Trie(Protocol):
+    """The ceiling's prefix trie, fed a log chunk by chunk (``PrefixTrie``, or an executor's)."""
+
+    def feed(self, chunk: Workload) -> list[np.ndarray]: ...
+
+    @property
+    def nodes(self) -> TrieNodes: ...
 
 
 @dataclass(frozen=True)
@@ -72,12 +82,15 @@ def replay_log(
     namespace_labels: Callable[[], list[str]] | None = None,
     sample_trie: bool = True,
     caches: CacheFactory | None = None,
+    trie: Callable[[], Trie] | None = None,
 ) -> Replayed:
     """Replay ``sample`` and then every chunk of ``rest`` through one pool of caches and one
     prefix trie. Without a ``rest`` the log is whole: replayed in arrival order (sorted by
     timestamp when it is not), results put back in input order. With one, the log streams in the
     order it is read; ``namespace_labels()`` gives the whole stream's once it is read.
-    ``sample_trie`` False: a streamed sample keeps the whole log's trie (nothing diagnoses it)."""
+    ``sample_trie`` False: a streamed sample keeps the whole log's trie (nothing diagnoses it).
+    ``trie`` makes a streamed log's prefix trie (an executor's, e.g. in a Ray actor; None:
+    here)."""
     following = next(rest, None)
     if following is None:
         check_arrivals(sample.workload, settings)
@@ -92,14 +105,14 @@ def replay_log(
             replays = in_input_order(ordered, order)
         return Replayed(sample, replays, order, sample, replays)
     pool = CachePool(settings, settings.engines, router, caches)
-    trie = PrefixTrie()
+    ceiling = PrefixTrie() if trie is None else trie()
     chunks: list[dict[str, ReplayResult]] = []
     tables: list[LogTable] = []
     for log in chain([sample, following], rest):  # the input's progress bar follows the chunks
-        chunks.append(_fed(pool, trie, log.workload, model_labels(log.requests["model"])))
+        chunks.append(_fed(pool, ceiling, log.workload, model_labels(log.requests["model"])))
         tables.append(_rows_only(log))
     results = {name: concatenated([chunk[name] for chunk in chunks]) for name in chunks[0]}
-    replays = Replays.of(results, trie.nodes)
+    replays = Replays.of(results, ceiling.nodes)
     labels = namespace_labels() if namespace_labels else tables[-1].namespace_labels
     whole = _joined(tables, labels)
     return Replayed(
@@ -128,7 +141,7 @@ def replay_all(
 
 def _fed(
     pool: CachePool,
-    trie: PrefixTrie,
+    trie: Trie,
     workload: Workload,
     models: np.ndarray | None,
     done: Callable[[int], None] | None = None,
@@ -164,10 +177,24 @@ def sample_of(replays: Replays, sample: Workload, own_trie: bool = True) -> Repl
     return Replays.of({name: head(r) for name, r in replays.each().items()}, nodes)
 
 
+ROW_COLUMNS = (  # the columns of a streamed chunk's rows that the report and per-request table read
+    "file",
+    "line",
+    "model",
+    "prompt_tokens",
+    "output_tokens",
+    "output_known",
+    "server_cached_tokens",
+    "server_prompt_tokens",
+)
+
+
 def _rows_only(log: LogTable) -> LogTable:
-    """A chunk's rows without its tokens (so they can be freed)."""
+    """A chunk's rows without its tokens, and without the columns only its reading and
+    tokenizing read (salt, LoRA, tenant, finish, arrival, routing fields), so they can be
+    freed: what a streamed log holds per request until the report."""
     return LogTable(
-        requests=log.requests,
+        requests=log.requests.select([c for c in ROW_COLUMNS if c in log.requests.columns]),
         skips=log.skips,
         namespace_labels=log.namespace_labels,
         from_text=log.from_text,

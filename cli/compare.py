@@ -43,6 +43,8 @@ def compare_command(
             write_text(markdown_path, comparison_markdown(comparison))
     except PrefixcheckError as exc:
         fail(errors, str(exc))
+    for warning in comparison.warnings:
+        errors.print(f"prefixcheck: note: {warning}", highlight=False, soft_wrap=True)
     console.print(_table(comparison))
     if comparison.templates:
         console.print(_templates(comparison))
@@ -108,6 +110,7 @@ def comparison_markdown(comparison: Comparison) -> str:
     lines = [
         "## prefixcheck compare",
         "",
+        *(f"> {warning}\n" for warning in comparison.warnings),
         "| engine | base | head | change |",
         "| --- | ---: | ---: | ---: |",
     ]

@@ -102,6 +102,10 @@ class RichProgress:
     def input(self, step: str, done_bytes: int, total_bytes: int | None, requests: int) -> None:
         if self._input is None:
             self._input = self._progress.add_task(step, total=total_bytes, input=True)
+        elif done_bytes < next(t.completed for t in self._progress.tasks if t.id == self._input):
+            # a second pass over the input (a cluster's replay after its ingest): rate and time
+            # left start over
+            self._progress.reset(self._input, total=total_bytes, completed=done_bytes)
         self._progress.update(
             self._input, description=step, completed=done_bytes, requests=requests
         )

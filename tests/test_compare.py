@@ -13,22 +13,22 @@ from cli.main import app
 runner = CliRunner()
 
 
-def write_log(path: Path, system_tokens: int) -> Path:
+def write_log(path: Path, system_tokens: int, requests: int = 50) -> Path:
     rng = random.Random(0)
     system = list(range(1000, 1000 + system_tokens))
     # Each question starts with its own token, so the system prompt is the only shared prefix.
     lines = [
         {"prompt_token_ids": system + [5000 + i] + [rng.randrange(6000, 9000) for _ in range(20)]}
-        for i in range(50)
+        for i in range(requests)
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
 
-def report(tmp_path: Path, name: str, system_tokens: int) -> Path:
+def report(tmp_path: Path, name: str, system_tokens: int, *flags: str, requests: int = 50) -> Path:
     out = tmp_path / f"{name}.json"
-    log = write_log(tmp_path / f"{name}.jsonl", system_tokens)
-    result = runner.invoke(app, ["analyze", str(log), "--json", str(out), "--quiet"])
+    log = write_log(tmp_path / f"{name}.jsonl", system_tokens, requests)
+    result = runner.invoke(app, ["analyze", str(log), "--json", str(out), "--quiet", *flags])
     assert result.exit_code == 0, result.output
     return out
 
@@ -81,3 +81,22 @@ def test_engines_named_with_both_configurations(tmp_path: Path) -> None:
     sglang = next(line for line in result.output.splitlines() if "SGLang (page 1, lru)" in line)
     assert sglang.split()[-1] == "+0.00%"
     assert "-0.00%" not in (tmp_path / "c.md").read_text()
+
+
+def test_losses_of_diagnoses_over_different_requests_are_not_compared(tmp_path: Path) -> None:
+    """A streamed log's leading sample beside the whole log: the losses count different requests,
+    so compare says so and shows none, while the hit rates (both over the whole log) still
+    compare."""
+    whole = report(tmp_path, "whole", 48, requests=2500)  # more than one chunk of requests
+    sampled = report(tmp_path, "sampled", 48, "--diagnose-tokens", "1", requests=2500)
+    assert json.loads(sampled.read_text())["diagnosis_scope"]["whole_log"] is False
+    diff_path = tmp_path / "diff.json"
+    result = runner.invoke(app, ["compare", str(whole), str(sampled), "--json", str(diff_path)])
+    assert result.exit_code == 0, result.output
+    diff = json.loads(diff_path.read_text())
+    (warning,) = diff["warnings"]
+    assert "cover different requests" in warning and "losses by cause are not compared" in warning
+    assert diff["losses"] == {}
+    assert diff["engines"]["vllm"]["base_hit_rate"] == diff["engines"]["vllm"]["head_hit_rate"]
+    same = runner.invoke(app, ["compare", str(whole), str(whole), "--json", str(diff_path)])
+    assert same.exit_code == 0 and json.loads(diff_path.read_text())["warnings"] == []

@@ -103,6 +103,7 @@ def test_anthropic_converted_like_vllms_messages_endpoint() -> None:
     }
     assert first.tools[0]["function"]["parameters"]["required"] == ["path"]
     assert first.tenant == "user-77" and first.finish_reason == "tool_calls"
+    assert first.max_new_tokens == 1024  # the body's max_tokens
     roles = [m["role"] for m in second.messages]
     assert roles == ["system", "user", "assistant", "tool"]
     call = second.messages[2]["tool_calls"][0]

@@ -82,3 +82,19 @@ def test_compiling_is_announced_once_and_only_when_numba_compiles() -> None:
     progress.compiling("cache_models._sglang_kernel.replay_sequential")
     assert out.getvalue().count("compiling the replay kernels, once per install") == 1
     assert max(len(line) for line in out.getvalue().splitlines()) <= 80
+
+
+def test_a_second_pass_over_the_input_starts_the_bar_over() -> None:
+    """A cluster tokenizes every shard, then replays from the first byte: the bar's rate and
+    time left start over instead of running backwards."""
+    progress = RichProgress(Console(file=io.StringIO(), force_terminal=True), enabled=True)
+    with progress:
+        progress.input("tokenizing on Ray: 4/4 shards", 1000, 1000, 50)
+        progress.input("replaying on Ray", 100, 1000, 5)
+        (task,) = progress._progress.tasks
+    assert (task.description, task.completed, task.fields["requests"]) == (
+        "replaying on Ray",
+        100,
+        5,
+    )
+    assert not task.finished  # else rich shows no time left and stops the clock

@@ -17,6 +17,7 @@ from analyzer.errors import PrefixcheckError
 from analyzer.executors import ExecutorOptions
 from analyzer.pipeline import AnalyzeOptions, analyze
 from cli.main import app
+from tests.test_progress import Recorder
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "chat_logs.jsonl"
 
@@ -150,10 +151,23 @@ def test_byte_ranges_of_one_file_keep_lines_skips_and_pools(cluster, tmp_path: P
     options = AnalyzeOptions(sample_tokens=20_000, chunk_records=250)  # streamed, 4 chunks+
     local = analyze([log], options)
     executor = RayExecutor.connect(ExecutorOptions("ray", split_bytes=16_000))
-    on_ray = analyze([log], options, executor=executor)
+    recorder = Recorder()
+    on_ray = analyze([log], options, recorder, executor=executor)
+    # The input bar: the cluster's ingest over the shards' bytes with its rate, then the replay.
+    inputs = [e for e in recorder.events if e[0] == "input"]
+    ingest = [e for e in inputs if e[1].startswith("tokenizing on Ray")]
+    size = log.stat().st_size
+    assert ingest[-1][1].startswith(f"tokenizing on Ray: {len(ingest) - 1}/{len(ingest) - 1} ")
+    assert "M tokens/s" in ingest[-1][1] and ingest[-1][2:] == (size, size, 900)
+    assert [e[1] for e in inputs[len(ingest) :]] == [REPLAY_STEP] * (len(inputs) - len(ingest))
     block = on_ray.report.to_dict().pop("executor")
     assert block["ingest_shards"] > 4 and block["replay_actors"] == 2
     want, got = local.report.to_dict(), on_ray.report.to_dict()
+    # Past the sample the actors read their keyed shards: the driver fetched the sample's ids.
+    sample = local.tokenized.workload
+    assert block["ceiling_actor"] is True
+    assert block["driver_token_ids"] == len(sample.prompt_tokens) + len(sample.output_tokens)
+    assert block["driver_token_ids"] < 0.6 * (want["prompt_tokens"] + want["output_tokens"])
     got.pop("executor")
     assert want["diagnosis_scope"]["whole_log"] is False
     assert [s for s in want["skipped"]["examples"]] == got["skipped"]["examples"]
@@ -257,3 +271,53 @@ def test_a_fleet_replays_on_the_cluster_byte_identical(
     block = json.loads((tmp_path / "ray.json").read_text())["executor"]
     assert block["replay_actors"] == len(served) + 1
     assert block["pool_keys"] == [f"qwen2.5-7b-instruct#{r}" for r in served]
+
+
+def test_a_keyed_workload_selects_and_materializes_as_the_workload_does() -> None:
+    from analyzer.executors.keyed import KeyedWorkload, keyed_tables
+    from cache_models.workload import Workload
+
+    rng = np.random.default_rng(5)
+    prompts = [list(rng.integers(0, 900, int(rng.integers(1, 40)))) for _ in range(60)]
+    outputs = [list(rng.integers(-3, 900, int(rng.integers(1, 6)))) for _ in range(60)]
+    whole = Workload.from_arrays(prompts, outputs)
+    models = np.array([["a", "b", "c"][i % 3] for i in range(60)])
+    keyed = keyed_tables(whole, models)
+    assert keyed.keys == ["a", "b", "c"] and [t.num_rows for t in keyed.tables] == [20] * 3
+    remote = KeyedWorkload(
+        tables=tuple(keyed.tables),
+        unknown_base=(0, 0, 0),
+        source=keyed.key_of,
+        row=keyed.key_row,
+        prompt_offsets=whole.prompt_offsets,
+        output_offsets=whole.output_offsets,
+        namespace=whole.namespace,
+        stop_finish=whole.stop_finish,
+    )
+    picked = rng.permutation(60)[:25]
+    part = remote.select(picked)
+    assert len(part.tables) == 3 and part.n_requests == 25
+    of_b = np.flatnonzero(models == "b")
+    only_b = remote.select(of_b)
+    assert len(only_b.tables) == 1  # an actor fetches its own key's table only
+    for got, want in ((part, whole.select(picked)), (only_b, whole.select(of_b))):
+        built = got.materialize(list)
+        for name in ("prompt_tokens", "prompt_offsets", "output_tokens", "output_offsets"):
+            np.testing.assert_array_equal(getattr(built, name), getattr(want, name), name)
+
+
+def test_a_warm_token_cache_says_how_a_cluster_counts_it(cluster, tmp_path: Path) -> None:
+    from analyzer.ingest import IngestOptions
+
+    files = split_lines(EXAMPLE, tmp_path / "logs", 2, "chat")
+    options = AnalyzeOptions(ingest=IngestOptions(cache_dir=tmp_path / "cache"))
+    # cold: the two shards fill the cache (one may already read what the other wrote)
+    analyze(files, options, executor=RayExecutor.connect(ExecutorOptions("ray")))
+    warm = analyze(files, options, executor=RayExecutor.connect(ExecutorOptions("ray")))
+    notes = [note for note in warm.report.run_notes if note.startswith("Token cache")]
+    assert "distinct texts read from disk" in notes[0]
+    assert "summed over the 2 shards" in notes[1]
+    want = analyze(files, AnalyzeOptions()).report.to_dict()
+    got = warm.report.to_dict()
+    got.pop("executor")
+    assert json.dumps(got) == json.dumps(want)  # the notes stay off the JSON

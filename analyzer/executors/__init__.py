@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from analyzer.ingest import ChunkedIngest, IngestOptions
     from analyzer.pool import CacheFactory
     from analyzer.progress import Progress
+    from analyzer.replay import Trie
 
 ExecutorName = Literal["local", "ray"]
 EXECUTORS: tuple[ExecutorName, ...] = ("local", "ray")
@@ -24,8 +25,9 @@ RAY_MISSING = "--executor ray needs Ray: pip install 'prefixcheck[ray]'"
 
 class Executor(Protocol):
     """Runs the read step (its reader yields the chunks a local read yields; the records of the
-    first ``sample_tokens`` are the diagnosis's) and holds the replay's caches; ``describe`` is
-    the report's ``executor`` block."""
+    first ``sample_tokens`` are the diagnosis's) and holds the replay's caches and a streamed
+    log's prefix trie; ``describe`` is the report's ``executor`` block, ``notes`` its terminal
+    notes (never in the JSON)."""
 
     def reader(
         self,
@@ -37,7 +39,11 @@ class Executor(Protocol):
 
     def caches(self) -> CacheFactory | None: ...
 
+    def trie(self) -> Trie: ...
+
     def describe(self) -> dict[str, Any]: ...
+
+    def notes(self) -> list[str]: ...
 
     def close(self) -> None: ...
 

@@ -1,14 +1,16 @@
 """``--executor ray``: ingest shards as Ray tasks, each pool of caches in a Ray actor.
 
-- Ingest: one task per shard (``analyzer.executors.shards``) runs the loaders, chat rendering
-  and tokenizer (with the token cache) and returns an Arrow table of its requests; the driver
-  cuts the local reader's chunks from them (``RayIngest``).
+- Ingest: one generator task per shard (``analyzer.executors.shards``) runs the loaders, chat
+  rendering and tokenizer (with the token cache) and yields an Arrow table of its requests
+  (no token ids) and one token table per pool key (``keyed``); the driver cuts the local
+  reader's chunks from the request tables (``RayIngest``).
 - Replay: the pipeline's own ``CachePool`` routes every chunk; the caches of each pool key
   (a model's server; each replica of a fleet, routed on the driver) live in one actor, which
   consumes that key's requests in the log's order, so keys replay in parallel on the cluster
-  and each cache sees exactly the requests, in exactly the order, of a local run. The prefix
-  trie (the ceiling) and the diagnosis of the leading sample run on the driver, where the
-  sample is.
+  and each cache sees exactly the requests, in exactly the order, of a local run. Past the
+  diagnosed sample a chunk reaches an actor as a ``KeyedWorkload`` and the actor fetches its
+  key's token tables itself; the prefix trie (the ceiling) is an actor of its own reading every
+  key's. The diagnosis of the leading sample runs on the driver, where the sample is.
 - Failures: tasks and actors are never retried (an actor's cache state cannot be rebuilt); a
   lost worker, actor or task fails the run (exit 2) naming the shard or the pool, and no report
   is written.
@@ -20,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +30,39 @@ from typing import Any
 
 from analyzer.errors import PrefixcheckError
 from analyzer.executors import ExecutorOptions, require_ray
-from analyzer.executors.ray_ingest import RayIngest, failure
+from analyzer.executors.keyed import KeyedWorkload
+from analyzer.executors.ray_ingest import RayIngest, ShardRefs, failure
 from analyzer.executors.shards import ShardMeta, ShardSpec, ingest_shard
 from analyzer.ingest import ChunkedIngest, IngestOptions
 from analyzer.pool import Cache, CacheFactory, CacheKey, engine_cache
 from analyzer.progress import Progress
 from analyzer.replay import ReplaySettings
+from cache_models.prefix_trie import PrefixTrie, TrieNodes
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
 
 ACTOR_PREFIX = "prefixcheck-pool-"  # replay actors' names (tests find them by it)
+
+
+class _Parts:
+    """The workload of the last chunk part shipped to an actor (``[ref]``: the ref itself, not
+    its value), its token ids fetched once for all the actor's engines."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last: tuple[str, Workload] | None = None
+
+    def workload(self, shipped: list[Any]) -> Workload:
+        import ray
+
+        (ref,) = shipped
+        with self.lock:
+            if self.last is None or self.last[0] != ref.hex():
+                part = ray.get(ref)
+                if isinstance(part, KeyedWorkload):
+                    part = part.materialize(ray.get)
+                self.last = (ref.hex(), part)
+            return self.last[1]
 
 
 class PoolCaches:
@@ -44,12 +70,27 @@ class PoolCaches:
 
     def __init__(self, settings: ReplaySettings, engines: Sequence[str]) -> None:
         self.caches = {engine: engine_cache(engine, settings) for engine in engines}
+        self.parts = _Parts()
 
-    def feed(self, engine: str, part: Workload) -> ReplayResult:
-        return self.caches[engine].feed(part)
+    def feed(self, engine: str, shipped: list[Any]) -> ReplayResult:
+        return self.caches[engine].feed(self.parts.workload(shipped))
 
     def where(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+class CeilingTrie:
+    """The prefix trie of the whole log (the ceiling), fed every chunk in order (a Ray actor)."""
+
+    def __init__(self) -> None:
+        self.trie = PrefixTrie()
+        self.parts = _Parts()
+
+    def feed(self, shipped: list[Any]) -> list[Any]:
+        return self.trie.feed(self.parts.workload(shipped))
+
+    def nodes(self) -> TrieNodes:
+        return self.trie.nodes
 
 
 @dataclass
@@ -67,7 +108,7 @@ class _RemoteCache:
 
         self.feeds += 1
         try:
-            return ray.get(self.actor.feed.remote(self.engine, self.shared.ref(chunk)))
+            return ray.get(self.actor.feed.remote(self.engine, [self.shared.ref(chunk)]))
         except ray.exceptions.RayError as exc:
             lines = str(getattr(exc, "cause", None) or exc).strip().splitlines()
             raise PrefixcheckError(
@@ -76,6 +117,41 @@ class _RemoteCache:
                 f"requests): {type(exc).__name__}: {lines[-1] if lines else ''}; "
                 "no report written"
             ) from None
+
+
+@dataclass
+class _RemoteTrie:
+    """The ceiling's trie in its actor; the replay calls it like a local one."""
+
+    actor: Any
+    feeds: int = 0
+
+    def feed(self, chunk: Workload) -> list[Any]:
+        import ray
+
+        self.feeds += 1
+        try:
+            return ray.get(self.actor.feed.remote([ray.put(chunk)]))
+        except ray.exceptions.RayError as exc:
+            raise _lost("the ceiling's prefix trie", self.feeds, chunk, exc) from None
+
+    @property
+    def nodes(self) -> TrieNodes:
+        import ray
+
+        try:
+            return ray.get(self.actor.nodes.remote())
+        except ray.exceptions.RayError as exc:
+            raise _lost("the ceiling's prefix trie", self.feeds, None, exc) from None
+
+
+def _lost(what: str, feeds: int, chunk: Any, exc: BaseException) -> PrefixcheckError:
+    lines = str(getattr(exc, "cause", None) or exc).strip().splitlines()
+    at = f" on its chunk {feeds} ({chunk.n_requests:,} requests)" if chunk is not None else ""
+    return PrefixcheckError(
+        f"ray: {what} failed{at}: {type(exc).__name__}: {lines[-1] if lines else ''}; "
+        "no report written"
+    )
 
 
 @dataclass
@@ -95,6 +171,31 @@ class _Shipped:
             return self.object_ref
 
 
+class IngestWatch:
+    """The cluster's ingest on the input bar: shards' bytes read, requests, and the cluster's
+    rate in prompt tokens per second (rich adds the time left, from the bytes)."""
+
+    def __init__(self, specs: Sequence[ShardSpec], progress: Progress) -> None:
+        self.progress = progress
+        self.shards = len(specs)
+        self.total = sum(spec.size for spec in specs)
+        self.began = time.perf_counter()
+        self.finished = self.bytes = self.requests = self.tokens = 0
+        progress.input(self.step(), 0, self.total, 0)
+
+    def step(self) -> str:
+        seconds = time.perf_counter() - self.began
+        rate = f", {self.tokens / seconds / 1e6:,.2f}M tokens/s" if self.tokens else ""
+        return f"tokenizing on Ray: {self.finished}/{self.shards} shards{rate}"
+
+    def done(self, spec: ShardSpec, meta: ShardMeta) -> None:
+        self.finished += 1
+        self.bytes += spec.size
+        self.requests += int((meta.row_of >= 0).sum())
+        self.tokens += meta.prompt_tokens
+        self.progress.input(self.step(), self.bytes, self.total, self.requests)
+
+
 class RayExecutor:
     """A connection to a Ray cluster, and what this run placed on it."""
 
@@ -103,9 +204,11 @@ class RayExecutor:
 
         self.options = options
         self.address = address
-        self._ingest = ray.remote(num_returns=3, max_retries=0)(ingest_shard)
+        self._ingest = ray.remote(num_returns="streaming", max_retries=0)(ingest_shard)
         self._actor = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=8)(PoolCaches)
+        self._trie = ray.remote(max_restarts=0, max_task_retries=0)(CeilingTrie)
         self.actors: list[tuple[CacheKey, Any]] = []  # every pool's, in order of creation
+        self.tries: list[Any] = []
         self.ingest: RayIngest | None = None
 
     @classmethod
@@ -151,39 +254,38 @@ class RayExecutor:
         )
         return self.ingest
 
-    def _submit(self, spec: ShardSpec, options: IngestOptions) -> tuple[Any, Any, Any]:
-        return tuple(
-            self._ingest.options(name=f"prefixcheck-ingest-{spec.index}").remote(spec, options)
-        )
+    def _submit(self, spec: ShardSpec, options: IngestOptions) -> Any:
+        return self._ingest.options(name=f"prefixcheck-ingest-{spec.index}").remote(spec, options)
 
     def _gather(
-        self, refs: list[Any], specs: Sequence[ShardSpec], progress: Progress
-    ) -> list[ShardMeta]:
-        """Every shard's metadata, with progress as shards finish; the first failed shard (in
-        input order) fails the run."""
+        self, generators: list[Any], specs: Sequence[ShardSpec], progress: Progress
+    ) -> list[tuple[ShardMeta, ShardRefs]]:
+        """Every shard's metadata and the refs of its tables, with progress as shards finish;
+        the first failed shard (in input order) fails the run."""
         import ray
 
-        progress.stage(f"reading and tokenizing {len(specs)} shards on Ray", len(specs))
-        index = {ref: i for i, ref in enumerate(refs)}
-        pending = list(refs)
-        metas: dict[int, ShardMeta] = {}
+        watch = IngestWatch(specs, progress)
+        index = {id(g): i for i, g in enumerate(generators)}
+        pending = list(generators)
+        gathered: dict[int, tuple[ShardMeta, ShardRefs]] = {}
         failed: dict[int, BaseException] = {}
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
+            for generator in done:
+                at = index[id(generator)]
                 try:
-                    metas[index[ref]] = ray.get(ref)
+                    gathered[at] = _outputs(generator)
+                    watch.done(specs[at], gathered[at][0])
                 except Exception as exc:  # a task's error, a lost worker
-                    failed[index[ref]] = exc
-                progress.advance(1)
-            if failed and not any(index[p] < min(failed) for p in pending):
-                for ref in pending:
-                    ray.cancel(ref, force=True)
+                    failed[at] = exc
+            if failed and not any(index[id(p)] < min(failed) for p in pending):
+                for generator in pending:
+                    ray.cancel(generator, force=True)
                 break
         if failed:
             first = min(failed)
             raise failure(specs[first], failed[first])
-        return [metas[i] for i in range(len(specs))]
+        return [gathered[i] for i in range(len(specs))]
 
     def _fetch(self, ref: Any) -> Any:
         import ray
@@ -211,12 +313,31 @@ class RayExecutor:
 
         return make
 
+    def trie(self) -> _RemoteTrie:
+        """The ceiling's prefix trie of a streamed log, in an actor of its own."""
+        self.tries.append(self._trie.options(name=f"prefixcheck-trie-{len(self.tries)}").remote())
+        return _RemoteTrie(self.tries[-1])
+
     def close(self) -> None:
         """End this run's replay actors (their caches are merged into the report by now)."""
         import ray
 
-        for _, actor in self.actors:
+        for actor in [actor for _, actor in self.actors] + self.tries:
             ray.kill(actor)
+
+    def notes(self) -> list[str]:
+        """How the token cache's note counts on a cluster (terminal only)."""
+        metas = self.ingest.metas if self.ingest else []
+        stats = [m.token_cache for m in metas]
+        if self.ingest is None or not any(s.from_cache for s in stats):
+            return []
+        where = self.ingest.options.cache_dir
+        return [
+            f"Token cache on Ray: each of the {len({m.worker for m in metas})} ingest workers "
+            f"used the cache at {where} on its own machine; the counts above are summed over "
+            f"the {len(metas)} shards (a text in several shards counts in each), so they can "
+            "differ from a local run's."
+        ]
 
     def describe(self) -> dict[str, Any]:
         """The report's ``executor`` block."""
@@ -233,4 +354,16 @@ class RayExecutor:
             "ingest_workers": len({m.worker for m in metas}),
             "replay_actors": len(self.actors),
             "pool_keys": sorted({f"{k.model}#{k.replica}" for k, _ in self.actors}),
+            "ceiling_actor": bool(self.tries),
+            "driver_token_ids": self.ingest.driver_tokens if self.ingest else 0,
         }
+
+
+def _outputs(generator: Any) -> tuple[ShardMeta, ShardRefs]:
+    """A finished ingest task's metadata and the refs of its tables (``ingest_shard``'s
+    yields, in order)."""
+    import ray
+
+    meta = ray.get(next(generator))
+    table, records = next(generator), next(generator)
+    return meta, ShardRefs(table, records, tuple(next(generator) for _ in meta.keys))

@@ -5,8 +5,12 @@ skips, namespaces and chunk boundaries), so every later step is the local one.
 A local read numbers records in file order and holds those with a request id until every file
 is read; it cuts chunks of ``chunk_records`` records or about ``CHUNK_TOKENS`` estimated tokens.
 Each shard reports, per record, its line, whether it is held, its estimate and its row; the
-driver lays the shards' records out in that order and cuts the same chunks. A shard's tokens
-are fetched from the object store when its first chunk is built and dropped after its last.
+driver lays the shards' records out in that order and cuts the same chunks from the shards'
+request tables (no token ids). Each shard's token ids are in tables keyed by pool
+(``keyed``): the chunks of the diagnosed sample are built with their ids on the driver (the
+diagnosis reads them); every later chunk is a ``KeyedWorkload`` naming the tables and rows of
+its requests, which the replay actors fetch themselves. A shard's request table is fetched when
+its first chunk is cut and dropped after its last.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.errors import PrefixcheckError, Skip, SkipLog, StrictModeError
+from analyzer.executors.keyed import KeyedWorkload, offsets_of
 from analyzer.executors.shards import (
     CACHE_COLUMNS,
     ShardMeta,
@@ -38,10 +43,10 @@ from analyzer.workload import TokenizedLog, build_workload
 from cache_models.workload import Workload
 
 REPLAY_STEP = "replaying on Ray"  # the input bar's step once the shards are read
-TOKEN_COLUMNS = (
+WORKLOAD_COLUMNS = (  # the request table's columns that are the workload's, not the log's
     "seq",
-    "prompt_ids",
-    "output_ids",
+    "prompt_length",
+    "output_length",
     "stop_finish",
     "namespace",
     *CACHE_COLUMNS,
@@ -49,14 +54,27 @@ TOKEN_COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class ShardRefs:
+    """Where a shard's outputs are in the object store: its request table, its records, and
+    per pool key (``ShardMeta.keys``) its token table."""
+
+    table: Any
+    records: Any
+    tokens: tuple[Any, ...]
+
+
 @dataclass
 class _Shard:
-    """A shard's table as the driver uses it (fetched once, dropped after its last record)."""
+    """A shard's request table as the driver uses it (fetched once, dropped after its last
+    record)."""
 
     requests: pl.DataFrame
-    workload: Workload  # the shard's namespace ids; unknown output ids past earlier shards'
+    columns: dict[str, np.ndarray]  # per row: the workload's columns but the token ids
     given: dict[str, np.ndarray]  # per row: whether its chunk in the shard had each column
     records: list[Record] | None
+    tokens: tuple[Any, ...]  # the keyed token tables' refs
+    unknown_base: int
 
 
 class RayIngest(ChunkedIngest):
@@ -68,8 +86,10 @@ class RayIngest(ChunkedIngest):
         options: IngestOptions,
         progress: Progress,
         *,
-        submit: Callable[[ShardSpec, IngestOptions], tuple[Any, Any, Any]],
-        gather: Callable[[list[Any], Sequence[ShardSpec], Progress], list[ShardMeta]],
+        submit: Callable[[ShardSpec, IngestOptions], Any],
+        gather: Callable[
+            [list[Any], Sequence[ShardSpec], Progress], list[tuple[ShardMeta, ShardRefs]]
+        ],
         fetch: Callable[[Any], Any],
         split_bytes: int,
         records_budget: int | None,
@@ -80,12 +100,18 @@ class RayIngest(ChunkedIngest):
         self.records_budget = records_budget  # prompt tokens whose records the diagnosis reads
         self.metas: list[ShardMeta] = []
         self.tasks_seconds = 0.0
+        self.driver_tokens = 0  # token ids fetched to the driver (the diagnosed sample's)
+
+    def report(self, step: str, requests: int | None = None) -> None:
+        """Nothing: each chunk put the input bar where it is as it was cut (the driver reads no
+        bytes itself, so the local reader's meter would put it back to zero)."""
 
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
         began = time.perf_counter()
         specs = plan_shards(self.paths, self.options, self.split_bytes)
-        refs = [self.submit(spec, self.options) for spec in specs]
-        self.metas = metas = self.gather([r[0] for r in refs], specs, self.progress)
+        gathered = self.gather([self.submit(s, self.options) for s in specs], specs, self.progress)
+        self.metas = metas = [meta for meta, _ in gathered]
+        refs: list[ShardRefs | None] = [shard for _, shard in gathered]
         self.tasks_seconds = time.perf_counter() - began  # until every shard was read
         first_strict = next((m.strict_error for m in metas if m.strict_error), None)
         offsets = _line_offsets(metas)
@@ -113,19 +139,22 @@ class RayIngest(ChunkedIngest):
             if not want_records:  # past the diagnosed sample: its records are not needed
                 for held in cache.values():
                     held.records = None
-                refs = [r if r is None else (r[0], r[1], None) for r in refs]
+                refs = [r if r is None else replace(r, records=None) for r in refs]
             shards = shard_of[start:stop]
             for s in np.unique(shards):
                 if s not in cache:
-                    cache[s] = self._fetched(refs[s], metas[s], offsets[s], unknown_base[s])
+                    shard_refs = refs[s]
+                    assert shard_refs is not None
+                    cache[s] = self._fetched(shard_refs, metas[s], offsets[s], unknown_base[s])
             tokenized, records = self._chunk(
                 shards, seq[start:stop], cache, metas, offsets, stats_given, want_records
             )
             for s, count in zip(*np.unique(shards, return_counts=True), strict=True):
                 remaining[s] -= count
-                if remaining[s] == 0:
+                if remaining[s] == 0:  # the shard is done: keep only what the report names
                     del cache[s]
                     refs[s] = None
+                    metas[s] = _released(metas[s])
             read_tokens += int(tokenized.workload.prompt_offsets[-1])
             start = stop
             done_bytes = total_bytes * stop // len(seq) if total_bytes else 0
@@ -148,27 +177,36 @@ class RayIngest(ChunkedIngest):
             )
             self.renderer = None
 
-    def _fetched(self, refs: Any, meta: ShardMeta, offset: int, unknown_base: int) -> _Shard:
-        table = self.fetch(refs[1])
+    def _fetched(self, refs: ShardRefs, meta: ShardMeta, offset: int, unknown_base: int) -> _Shard:
+        table = self.fetch(refs.table)
         given: dict[str, np.ndarray] = {}
+        columns: dict[str, np.ndarray] = {}
         if table.num_columns == 0:
-            requests, workload = pl.DataFrame(), Workload.from_arrays([], [])
+            requests = pl.DataFrame()
         else:
-            given = {
-                name: table.column(f"has_{name}").to_numpy(zero_copy_only=False).astype(bool)
-                for name in CACHE_COLUMNS
+            given = {name: _numpy(table, f"has_{name}", np.bool_) for name in CACHE_COLUMNS}
+            columns = {
+                "prompt_length": _numpy(table, "prompt_length", np.int64),
+                "output_length": _numpy(table, "output_length", np.int64),
+                "namespace": _numpy(table, "namespace", np.int32),
+                "stop_finish": _numpy(table, "stop_finish", np.bool_),
+                **{
+                    name: _numpy(table, name, dtype)
+                    for name, dtype in zip(
+                        CACHE_COLUMNS, (np.int64, np.bool_, np.int64, np.int64), strict=True
+                    )
+                },
             }
-            requests = pl.from_arrow(table.drop_columns(list(TOKEN_COLUMNS)))
+            requests = pl.from_arrow(table.drop_columns(list(WORKLOAD_COLUMNS)))
             assert isinstance(requests, pl.DataFrame)
             if offset:
                 requests = requests.with_columns(pl.col("line") + offset)
-            workload = _workload(table, unknown_base)
         records = None
-        if refs[2] is not None:  # within the diagnosed sample
-            records = self.fetch(refs[2])
+        if refs.records is not None:  # within the diagnosed sample
+            records = self.fetch(refs.records)
             for record, line in zip(records, meta.lines, strict=True):
                 record.line = int(line) + offset
-        return _Shard(requests, workload, given, records)
+        return _Shard(requests, columns, given, records, refs.tokens, unknown_base)
 
     def _chunk(
         self,
@@ -182,7 +220,7 @@ class RayIngest(ChunkedIngest):
     ) -> tuple[TokenizedLog, list[Record]]:
         """One chunk's tokenized log as ``build_workload`` gives it for these records."""
         frames: list[pl.DataFrame] = []
-        workloads: list[Workload] = []
+        parts: list[tuple[int, np.ndarray]] = []  # (shard, its kept rows)
         keys: list[tuple[str, ...]] = []
         given = dict.fromkeys(CACHE_COLUMNS, False)
         rendering: list[Skip] = []
@@ -194,9 +232,9 @@ class RayIngest(ChunkedIngest):
             kept = rows[rows >= 0]
             if len(kept):
                 frames.append(shard.requests[kept])
-                part = shard.workload.select(kept)
-                workloads.append(part)
-                keys.extend(meta.namespace_keys[i] for i in part.namespace)
+                parts.append((s, kept))
+                names = meta.namespace_keys
+                keys.extend(names[i] for i in shard.columns["namespace"][kept])
                 for name in CACHE_COLUMNS:
                     given[name] = given[name] or bool(shard.given[name][kept].any())
             if len(kept) < len(rows):
@@ -214,16 +252,20 @@ class RayIngest(ChunkedIngest):
             log = build_workload([], load_tokenizer(None), self._renderer(), chunk_state=self.state)
             return replace(log, skips=skips, token_cache=stats), records
         requests = pl.concat(frames, how="vertical_relaxed")
-        workload = _concat(workloads)
         self.state.models.update(requests["model"].fill_null("").to_list())
         ids = self.state.namespace_ids
         arrivals = requests["arrival_s"]
-        workload = replace(
-            workload,
-            namespace=np.array([ids.setdefault(k, len(ids)) for k in keys], np.int32),  # type: ignore[arg-type]
+        workload: Workload | KeyedWorkload = _keyed_workload(
+            parts,
+            cache,
+            metas,
+            namespace=np.array([ids.setdefault(k, len(ids)) for k in keys], np.int32),
             arrival_s=None if arrivals.null_count() else arrivals.to_numpy().astype(np.float64),
-            **{name: getattr(workload, name) if given[name] else None for name in CACHE_COLUMNS},
+            given=given,
         )
+        if want_records:  # the diagnosed sample: its token ids on the driver
+            workload = workload.materialize(self.fetch)
+            self.driver_tokens += len(workload.prompt_tokens) + len(workload.output_tokens)
         log = TokenizedLog(
             workload=workload,
             requests=requests,
@@ -236,32 +278,66 @@ class RayIngest(ChunkedIngest):
         return log, records
 
 
-def _workload(table: Any, unknown_base: int) -> Workload:
-    prompts = table.column("prompt_ids").combine_chunks()
-    outputs = table.column("output_ids").combine_chunks()
-    output_tokens = outputs.values.to_numpy(zero_copy_only=False).astype(np.int32)
-    if unknown_base:
-        output_tokens = np.where(output_tokens < 0, output_tokens - unknown_base, output_tokens)
-    return Workload(
-        prompt_tokens=prompts.values.to_numpy(zero_copy_only=False).astype(np.int32),
-        prompt_offsets=prompts.offsets.to_numpy().astype(np.int64),
-        output_tokens=output_tokens,
-        output_offsets=outputs.offsets.to_numpy().astype(np.int64),
-        namespace=table.column("namespace").to_numpy().astype(np.int32),
-        stop_finish=table.column("stop_finish").to_numpy(zero_copy_only=False).astype(bool),
-        **{
-            name: table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
-            for name, dtype in zip(
-                CACHE_COLUMNS, (np.int64, np.bool_, np.int64, np.int64), strict=True
-            )
-        },
+def _released(meta: ShardMeta) -> ShardMeta:
+    """A read shard's metadata without its per-record arrays (the driver's memory follows the
+    shards being cut, not the log)."""
+    empty = np.zeros(0, np.int64)
+    return replace(
+        meta,
+        lines=empty,
+        held=empty.astype(bool),
+        estimated=empty,
+        row_of=empty,
+        key_of=empty,
+        key_row=empty,
+        token_skips=[],
+        loader_skips=[],
+        namespace_keys=[],
     )
 
 
-def _concat(workloads: list[Workload]) -> Workload:
-    from analyzer.ingest import concat_workloads
+def _numpy(table: Any, name: str, dtype: Any) -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
 
-    return concat_workloads([replace(w, arrival_s=None) for w in workloads])
+
+def _keyed_workload(
+    parts: list[tuple[int, np.ndarray]],
+    cache: dict[int, _Shard],
+    metas: list[ShardMeta],
+    namespace: np.ndarray,
+    arrival_s: np.ndarray | None,
+    given: dict[str, bool],
+) -> KeyedWorkload:
+    """A chunk's requests (``parts``: runs of a shard's rows, in order) as a workload whose
+    token ids stay in their shards' keyed tables."""
+    tables: list[Any] = []
+    bases: list[int] = []
+    sources, rows = [], []
+    columns: dict[str, list[np.ndarray]] = {}
+    first_table: dict[int, int] = {}
+    for s, kept in parts:
+        shard, meta = cache[s], metas[s]
+        if s not in first_table:
+            first_table[s] = len(tables)
+            tables.extend(shard.tokens)
+            bases.extend([shard.unknown_base] * len(shard.tokens))
+        sources.append(first_table[s] + meta.key_of[kept])
+        rows.append(meta.key_row[kept])
+        for name, values in shard.columns.items():
+            columns.setdefault(name, []).append(values[kept])
+    joined = {name: np.concatenate(values) for name, values in columns.items()}
+    return KeyedWorkload(
+        tables=tuple(tables),
+        unknown_base=tuple(bases),
+        source=np.concatenate(sources),
+        row=np.concatenate(rows),
+        prompt_offsets=offsets_of(joined["prompt_length"]),
+        output_offsets=offsets_of(joined["output_length"]),
+        namespace=namespace,
+        stop_finish=joined["stop_finish"],
+        arrival_s=arrival_s,
+        **{name: joined[name] if given[name] else None for name in CACHE_COLUMNS},
+    )
 
 
 def _line_offsets(metas: list[ShardMeta]) -> list[int]:

@@ -53,6 +53,7 @@ from analyzer.loaders.sources import (
 from analyzer.progress import NoProgress
 from analyzer.records import Record
 from analyzer.token_cache import CacheStats
+from cache_models.workload import Workload
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,6 +75,13 @@ class ShardSpec:
     start: int | None = None
     end: int | None = None
     format_name: str | None = None  # a range's (or a URI's) format, detected from its file's head
+
+    @property
+    def size(self) -> int:
+        """The shard's bytes on disk (compressed files: their compressed size)."""
+        if self.start is not None and self.end is not None:
+            return self.end - self.start
+        return sum(_size(name) for name in self.files)
 
     @property
     def label(self) -> str:
@@ -106,6 +114,9 @@ class ShardMeta:
     prompt_tokens: int = 0
     seconds: float = 0.0
     worker: str = ""
+    keys: list[str] = field(default_factory=list)  # pool keys (models) of the keyed tables
+    key_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per table row
+    key_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # its keyed row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,12 +377,18 @@ class ShardReader(ChunkedIngest):
                 yield number, line
 
 
-def ingest_shard(spec: ShardSpec, options: IngestOptions) -> tuple[ShardMeta, pa.Table, list]:
-    """Read, render and tokenize one shard: its metadata, its table (one row per request: the
-    local reader's columns, ``seq`` its record, ``prompt_ids``/``output_ids`` int32 lists) and
-    its records (for the diagnosis of the leading sample)."""
+def ingest_shard(spec: ShardSpec, options: IngestOptions) -> Iterator[Any]:
+    """Read, render and tokenize one shard; yields its metadata, its requests' table (one row
+    per request: the local reader's columns, ``seq`` its record, the lengths and cache columns
+    of its workload, no token ids), its records (for the diagnosis of the leading sample), then
+    per pool key (``meta.keys``) the Arrow table of that key's token ids
+    (``keyed.keyed_tables``). A Ray generator task: each yield is an object of its own, so each
+    replay actor fetches only its key's tables."""
     import socket
     import time
+
+    from analyzer.executors.keyed import Keyed, keyed_tables
+    from analyzer.pool import model_labels
 
     began = time.perf_counter()
     reader = ShardReader(spec, options)
@@ -387,9 +404,14 @@ def ingest_shard(spec: ShardSpec, options: IngestOptions) -> tuple[ShardMeta, pa
         strict = Skip(exc.skip.file, reader.lines[exc.skip.line], exc.skip.reason)
     lines = np.asarray(reader.lines, np.int64)
     logs = [c.tokenized for c in chunks if c.tokenized.workload.n_requests]
-    table, seq = _table(logs, lines)
+    table, seq, workload = _table(logs, lines)
     row_of = np.full(len(lines), -1, np.int64)
     row_of[seq] = np.arange(len(seq))
+    keyed = (
+        Keyed([], np.zeros(0, np.int64), np.zeros(0, np.int64), [])
+        if workload is None
+        else keyed_tables(workload, model_labels(pl.Series(table.column("model"))))
+    )
     token_skips = [
         (s.line, s.reason == EMPTY_PROMPT, Skip(s.file, int(lines[s.line]), s.reason))
         for c in chunks
@@ -416,8 +438,15 @@ def ingest_shard(spec: ShardSpec, options: IngestOptions) -> tuple[ShardMeta, pa
         prompt_tokens=sum(int(c.tokenized.workload.prompt_offsets[-1]) for c in chunks),
         seconds=time.perf_counter() - began,
         worker=f"{socket.gethostname()}:{os.getpid()}",
+        keys=keyed.keys,
+        key_of=keyed.key_of,
+        key_row=keyed.key_row,
     )
-    return meta, table, records
+    yield meta
+    yield table
+    yield records
+    for table in keyed.tables:  # not ``yield from`` a list: Ray's generator calls send()
+        yield table
 
 
 @contextmanager
@@ -435,25 +464,22 @@ def _every_skip_kept() -> Iterator[None]:
 CACHE_COLUMNS = ("priority", "skip_prefix_lookup", "hit_limit", "max_new_tokens")
 
 
-def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray, Workload | None]:
+    """The shard's requests as one table (no token ids: their lengths), their records, and
+    their workload (None: no request)."""
     import pyarrow as pa
 
     from analyzer.ingest import concat_workloads
 
     if not logs:
-        return pa.table({}), np.zeros(0, np.int64)
+        return pa.table({}), np.zeros(0, np.int64), None
     requests = pl.concat([log.requests for log in logs], how="vertical_relaxed")
     workload = concat_workloads([log.workload for log in logs])
     seq = requests["line"].to_numpy().astype(np.int64)
     requests = requests.with_columns(pl.Series("line", lines[seq]), pl.Series("seq", seq))
     table = requests.to_arrow()
-    prompt = pa.LargeListArray.from_arrays(
-        pa.array(workload.prompt_offsets, pa.int64()), pa.array(workload.prompt_tokens, pa.int32())
-    )
-    output = pa.LargeListArray.from_arrays(
-        pa.array(workload.output_offsets, pa.int64()), pa.array(workload.output_tokens, pa.int32())
-    )
-    table = table.append_column("prompt_ids", prompt).append_column("output_ids", output)
+    table = table.append_column("prompt_length", pa.array(np.diff(workload.prompt_offsets)))
+    table = table.append_column("output_length", pa.array(np.diff(workload.output_offsets)))
     table = table.append_column("stop_finish", pa.array(workload.stop_finish, pa.bool_()))
     table = table.append_column("namespace", pa.array(workload.namespace, pa.int32()))
     filled = {
@@ -471,4 +497,4 @@ def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         )
         table = table.append_column(name, pa.array(filled[name]))
         table = table.append_column(f"has_{name}", pa.array(given, pa.bool_()))
-    return table, seq
+    return table, seq, workload

@@ -6,7 +6,8 @@ They are converted to chat-completions messages the way vLLM's Anthropic endpoin
 applies the chat template: the system blocks' text joined into one system message, text and
 image blocks as content parts, ``tool_use`` blocks as tool calls, ``tool_result`` blocks as tool
 messages. ``cache_control`` marks are ignored: vLLM and SGLang cache every prefix regardless.
-The server's cached count is ``usage.cache_read_input_tokens``.
+The server's cached count is ``usage.cache_read_input_tokens``; ``max_tokens`` is the output limit
+(vLLM's endpoint passes it on as the chat request's ``max_tokens``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import json
 from typing import Any
 
 from analyzer.errors import BadLine
-from analyzer.loaders.fields import count, dict_field, optional_number, optional_str
+from analyzer.loaders.fields import (
+    count,
+    dict_field,
+    optional_number,
+    optional_str,
+    output_limit,
+)
 from analyzer.loaders.openai_chat import check_messages
 from analyzer.records import Message, Record
 
@@ -87,6 +94,7 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
         server_cached_tokens=cached if isinstance(cached, int) else None,
         server_prompt_tokens=prompt_tokens,
         arrival_s=optional_number(obj, "timestamp"),
+        max_new_tokens=output_limit(body, {}),  # the request's required max_tokens
     )
 
 
