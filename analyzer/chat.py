@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import msgspec
 from jinja2 import nodes
 from jinja2.ext import Extension
 
@@ -111,6 +112,33 @@ class ChatRenderer:
             self.rendering,
         ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+
+    @cached_property
+    def _reads_time(self) -> bool:
+        """Whether a template can read the request's time (``strftime_now``)."""
+        sources = self.template.values() if isinstance(self.template, dict) else [self.template]
+        return any("strftime_now" in str(source) for source in sources)
+
+    def request_key(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        arrival_s: float | None,
+        kwargs: dict[str, Any] | None,
+        add_generation_prompt: bool,
+        add_special_tokens: bool,
+    ) -> bytes | None:
+        """A 16-byte key of everything a chat request's prompt ids depend on besides the
+        renderer (``fingerprint``) and the tokenizer: the messages, tools and kwargs in
+        MessagePack (exact for floats, ints and booleans, keys in their order), the two flags,
+        and the time only for a template that reads it. None when they do not encode."""
+        when = arrival_s if self._reads_time else None
+        flags = (add_generation_prompt, add_special_tokens)
+        try:
+            payload = _PACK([messages, tools, kwargs, flags, when])
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return hashlib.blake2b(payload, digest_size=16, person=b"pc-chat-request").digest()
 
     @cached_property
     def _compiled(self) -> dict[str, tuple[jinja2.Template, str, bool]]:
@@ -210,6 +238,9 @@ class ChatRenderer:
     def with_rendering(self, rendering: str) -> ChatRenderer:
         """The same templates, prepared as another server prepares requests."""
         return replace(self, rendering=rendering)
+
+
+_PACK = msgspec.msgpack.Encoder().encode
 
 
 def content_format(tree: nodes.Template) -> str:

@@ -299,6 +299,45 @@ def encode_texts(
     return [known[key] for key in keys], stats
 
 
+def cached_ids(
+    keys: Sequence[bytes], tokenizer: Tokenizer, cache_dir: Path, context: str = ""
+) -> tuple[dict[bytes, np.ndarray], CacheStats]:
+    """The ids on disk for ``keys`` (request keys: ``ChatRenderer.request_key``) in the
+    namespace of ``tokenizer`` and ``context``; a cache that cannot be read reads as empty."""
+    stats = CacheStats()
+    if not keys:
+        return {}, stats
+    cache = _cache(cache_dir, namespace(tokenizer.fingerprint, context))
+    try:
+        found = cache.lookup(keys)
+    except Exception as exc:  # the cache is an optimisation: any failure reads as a miss
+        stats.error = f"cannot read {cache.folder}: {exc}"
+        found = {}
+    stats.damaged, cache.damaged = cache.damaged, 0
+    return found, stats
+
+
+def store_ids(
+    keys: Sequence[bytes],
+    ids: Sequence[np.ndarray],
+    tokenizer: Tokenizer,
+    cache_dir: Path,
+    context: str = "",
+) -> CacheStats:
+    """Write the ids of request keys (one file); a failure is reported, never raised."""
+    stats = CacheStats()
+    if not keys:
+        return stats
+    cache = _cache(cache_dir, namespace(tokenizer.fingerprint, context))
+    try:
+        cache.store(keys, ids)
+        stats.stored = True
+    except Exception as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        stats.error = f"cannot write {cache.folder}: {reason}"
+    return stats
+
+
 _OPEN: dict[tuple[Path, str], TokenCache] = {}
 
 

@@ -27,11 +27,10 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from analyzer.errors import PrefixcheckError
-from analyzer.tokenizer_fast import FastEncoding, fast_encoding
+from analyzer.tokenizer_fast import FastEncoding, encode_segmented, fast_encoding
 
 DEFAULT_TOKENIZER = "qwen2.5"
 TIKTOKEN_PREFIX = "tiktoken:"
-_ENCODE_THREADS = max(1, min(8, os.cpu_count() or 1))
 # Placeholder text of multimodal families, as their processors insert it per image.
 IMAGE_PLACEHOLDERS = (
     "<|vision_start|><|image_pad|><|vision_end|>",  # Qwen2-VL, Qwen2.5-VL
@@ -164,7 +163,7 @@ class TiktokenTokenizer:
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
         if self.normalize_nfc:
             texts = [unicodedata.normalize("NFC", text) for text in texts]
-        ids = self._encoding.encode_batch(texts, num_threads=_ENCODE_THREADS, allowed_special="all")
+        ids = encode_segmented(self._encoding, texts)
         bos = self.token_id(self.special.bos_token) if self.special.bos_token else None
         prefix = (
             [bos] if add_special_tokens and self.special.add_bos_token and bos is not None else []

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 
 ENCODE_THREADS = max(1, min(8, os.cpu_count() or 1))
+SHARD_MIN_CHARS = 1 << 16  # below this a batch is encoded on the calling thread
 # The pre-tokenizer regex of ByteLevel(use_regex=True) (GPT-2's).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -53,10 +56,73 @@ class FastEncoding:
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
         if self.nfc:
             texts = [unicodedata.normalize("NFC", text) for text in texts]
-        rows = self.encoding.encode_batch(texts, num_threads=ENCODE_THREADS, allowed_special="all")
+        rows = encode_segmented(self.encoding, texts)
         if add_special_tokens and (self.prefix or self.suffix):
             rows = [self.prefix + row + self.suffix for row in rows]
         return [np.asarray(row, dtype=np.int32) for row in rows]
+
+
+def encode_segmented(encoding: Any, texts: list[str]) -> list[list[int]]:
+    """``encoding.encode`` of every text (special tokens allowed), each distinct run of text
+    between special tokens encoded once for the whole batch: tiktoken itself cuts a text at its
+    special tokens and encodes each run apart (``CoreBPE::encode_native``), so the ids are the
+    same, and chat prompts repeat their system prompt and earlier turns run for run. Cut as
+    tiktoken cuts only when no special token is a prefix of another (then the leftmost match is
+    the only one); otherwise each text is encoded whole."""
+    splitter = _special_splitter(encoding)
+    if splitter is None:
+        return encode_sharded(encoding, texts)
+    pieces = [splitter.split(text) for text in texts]  # runs at even places, specials at odd
+    runs: dict[str, int] = {}
+    for parts in pieces:
+        for run in parts[::2]:
+            runs.setdefault(run, len(runs))
+    encoded = encode_sharded(encoding, list(runs))
+    single = encoding.encode_single_token
+    specials = {token: [single(token)] for token in encoding.special_tokens_set}
+    return [
+        list(
+            itertools.chain.from_iterable(
+                specials[part] if place % 2 else encoded[runs[part]]
+                for place, part in enumerate(parts)
+            )
+        )
+        for parts in pieces
+    ]
+
+
+@cache
+def _special_splitter(encoding: Any) -> re.Pattern[str] | None:
+    """A pattern that splits text at the encoding's special tokens (kept, as groups), or None
+    when tiktoken's own cut could differ (a special token that is a prefix of another)."""
+    tokens = sorted(encoding.special_tokens_set)
+    if not tokens or any(a != b and b.startswith(a) for a in tokens for b in tokens):
+        return None
+    return re.compile("(" + "|".join(re.escape(token) for token in tokens) + ")")
+
+
+def encode_sharded(encoding: Any, texts: list[str]) -> list[list[int]]:
+    """``encoding.encode`` of every text (special tokens allowed), the batch cut into one
+    contiguous shard of about equal characters per thread: tiktoken releases the GIL while it
+    encodes, and its own ``encode_batch`` submits one thread-pool task per text, whose overhead
+    costs more than the encoding on short texts."""
+    total = sum(map(len, texts))
+    shards = min(ENCODE_THREADS, len(texts), max(1, total // SHARD_MIN_CHARS))
+    if shards <= 1:
+        return _encode_all(encoding, texts)
+    cuts = np.searchsorted(
+        np.cumsum([len(text) for text in texts]), np.arange(1, shards) * (total / shards)
+    )
+    bounds = [0, *(int(cut) + 1 for cut in cuts), len(texts)]
+    parts = [texts[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    with ThreadPoolExecutor(len(parts)) as pool:
+        encoded = list(pool.map(lambda part: _encode_all(encoding, part), parts))
+    return [row for part in encoded for row in part]
+
+
+def _encode_all(encoding: Any, texts: list[str]) -> list[list[int]]:
+    encode = encoding.encode
+    return [encode(text, allowed_special="all") for text in texts]
 
 
 def fast_encoding(config: dict[str, Any], backend: Any) -> tuple[FastEncoding | None, str]:

@@ -14,7 +14,7 @@ from analyzer.errors import BadLine, PrefixcheckError, Skip, SkipLog, StrictMode
 from analyzer.loaders.guard import check_unicode, unexpected
 from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
-from analyzer.token_cache import CacheStats, encode_texts
+from analyzer.token_cache import CacheStats, cached_ids, encode_texts, store_ids
 from analyzer.tokenizer import Tokenizer
 from cache_models.workload import Workload
 
@@ -86,7 +86,19 @@ def build_workload(
     texts: list[str] = []
     text_index: list[int] = []
     specials: list[bool] = []
-    for record in records:
+    request_keys = _request_keys(records, renderer, cache_dir is not None)
+    known, request_stats = (
+        cached_ids([k for k in request_keys if k], tokenizer, cache_dir, renderer.fingerprint)
+        if cache_dir is not None
+        else ({}, CacheStats())
+    )
+    from_cache: dict[int, np.ndarray] = {}  # kept index: its prompt's ids, not rendered
+    rendered_keys: list[tuple[int, bytes]] = []  # kept index: its request key, to store
+    for record, request_key in zip(records, request_keys, strict=True):
+        if request_key is not None and request_key in known:
+            from_cache[len(kept)] = known[request_key]
+            kept.append(record)
+            continue
         try:  # the one place where a request's rendering errors become its skip
             text, add_special = _prompt_text(record, renderer)
             if text is not None:
@@ -109,6 +121,8 @@ def build_workload(
             skips.append(skip)
             continue
         if text is not None:
+            if request_key is not None:
+                rendered_keys.append((len(kept), request_key))
             text_index.append(len(kept))
             texts.append(text)
             specials.append(add_special)
@@ -129,6 +143,18 @@ def build_workload(
     )
     for i, ids in zip(text_index, encoded, strict=True):
         prompts[i] = ids
+    for i, ids in from_cache.items():
+        prompts[i] = ids
+    if cache_dir is not None and rendered_keys and cache_stats.error is None:
+        stored = store_ids(
+            [key for _, key in rendered_keys],
+            [prompts[i] for i, _ in rendered_keys],
+            tokenizer,
+            cache_dir,
+            renderer.fingerprint,
+        )
+        request_stats = CacheStats.total([request_stats, stored])
+    request_stats.from_cache = len(from_cache)
 
     state = chunk_state or ChunkState()
     outputs, answer_cache = _output_tokens(kept, tokenizer, progress, cache_dir, state)
@@ -191,10 +217,33 @@ def build_workload(
         requests=requests,
         skips=skips,
         namespace_labels=namespace_labels,
-        from_text=bool(texts),
+        from_text=bool(texts) or bool(from_cache),
         assumed_stop_finish=sum(r.finish_reason is None for r in kept),
-        token_cache=CacheStats.total([cache_stats, answer_cache]),
+        token_cache=CacheStats.total([cache_stats, answer_cache, request_stats]),
     )
+
+
+def _request_keys(
+    records: Sequence[Record], renderer: ChatRenderer, cached: bool
+) -> list[bytes | None]:
+    """The token cache's key of each chat request's prompt, taken before rendering (so that a
+    cached prompt is neither rendered nor tokenized); None where the prompt is not a chat, the
+    answer is rendered with it (tool calls), or there is no cache."""
+    if not cached:
+        return [None] * len(records)
+    return [
+        renderer.request_key(
+            r.messages,
+            r.tools,
+            r.arrival_s,
+            r.chat_template_kwargs,
+            r.add_generation_prompt,
+            bool(r.add_special_tokens),
+        )
+        if r.messages is not None and r.output_message is None
+        else None
+        for r in records
+    ]
 
 
 def _prompt_text(record: Record, renderer: ChatRenderer) -> tuple[str | None, bool]:

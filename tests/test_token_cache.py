@@ -188,3 +188,65 @@ def test_fast_and_exact_tokenizers_never_share_entries(tmp_path: Path) -> None:
     assert fast.fast is not None and exact.fast is None
     assert namespace(fast.fingerprint) != namespace(exact.fingerprint)
     assert namespace(fast.fingerprint, "template a") != namespace(fast.fingerprint, "template b")
+
+
+def _chat_records() -> list:
+    from analyzer.records import Record
+
+    system = {"role": "system", "content": "You are terse."}
+    return [
+        Record("log", i, messages=[system, {"role": "user", "content": f"question {i % 3}"}])
+        for i in range(6)
+    ] + [Record("log", 6, messages=[{"role": "user", "content": "\ud800"}])]  # a skip
+
+
+def test_cached_chat_prompts_are_neither_rendered_nor_tokenized(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second run over the same chats reads each prompt's ids by its request key: the same
+    ids and skips as rendering and tokenizing, with only the request that failed rendered."""
+    from analyzer.chat import ChatRenderer, chat_renderer
+    from analyzer.workload import build_workload
+
+    tokenizer = load_tokenizer(None)
+    renderer = chat_renderer(None, tokenizer.special)
+    fresh = build_workload(_chat_records(), tokenizer, renderer, cache_dir=None)
+    first = build_workload(_chat_records(), tokenizer, renderer, cache_dir=tmp_path)
+    rendered: list[object] = []
+    render = ChatRenderer.render
+
+    def counted(self: ChatRenderer, messages: list, *args: object, **kwargs: object) -> str:
+        rendered.append(messages)
+        return render(self, messages, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ChatRenderer, "render", counted)
+        second = build_workload(_chat_records(), tokenizer, renderer, cache_dir=tmp_path)
+    assert rendered == [_chat_records()[-1].messages]  # the skip alone: it was never cached
+    for run in (first, second):
+        np.testing.assert_array_equal(run.workload.prompt_tokens, fresh.workload.prompt_tokens)
+        np.testing.assert_array_equal(run.workload.prompt_offsets, fresh.workload.prompt_offsets)
+        assert [(s.line, s.reason) for s in run.skips] == [(s.line, s.reason) for s in fresh.skips]
+    assert len(fresh.skips) == 1 and fresh.workload.n_requests == 6
+    assert second.token_cache.from_cache == 6 and second.from_text
+
+
+def test_request_keys_hold_the_time_only_for_templates_that_read_it() -> None:
+    from analyzer.chat import ChatRenderer
+    from analyzer.tokenizer import SpecialTokens
+
+    messages = [{"role": "user", "content": "hi"}]
+    plain = ChatRenderer("{{ messages[0].content }}", SpecialTokens())
+    dated = ChatRenderer("{{ strftime_now('%d') }}{{ messages[0].content }}", SpecialTokens())
+    for renderer, differ in ((plain, False), (dated, True)):
+        keys = {renderer.request_key(messages, None, t, None, True, False) for t in (1.0, 2e5)}
+        assert len(keys) == (2 if differ else 1)
+    key = plain.request_key(messages, None, None, None, True, False)
+    assert key != plain.request_key(messages, None, None, None, False, False)
+    assert key != plain.request_key(messages, None, None, None, True, True)
+    assert key != plain.request_key(
+        [{"role": "user", "content": "hi", "x": 1.0}], None, None, None, True, False
+    )
+    assert plain.request_key([{"x": 1}], None, None, None, True, False) != plain.request_key(
+        [{"x": 1.0}], None, None, None, True, False
+    )

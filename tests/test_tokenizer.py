@@ -126,3 +126,43 @@ def test_hub_name_offline_fails_at_once(
     message = str(error.value)
     assert (reason or "127.0.0.1:9 cannot be reached") in message
     assert "tokenizer.json" in message
+
+
+def test_sharded_batches_give_each_texts_own_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches cut into per-thread shards (of uneven texts, empty ones and special tokens
+    included) give every text the ids of encoding it alone, in order."""
+    from analyzer import tokenizer_fast
+
+    monkeypatch.setattr(tokenizer_fast, "SHARD_MIN_CHARS", 1)
+    monkeypatch.setattr(tokenizer_fast, "ENCODE_THREADS", 3)
+    tokenizer = load_tokenizer(None)
+    texts = ["", "a", "hello <|im_end|> world " * 40, "é" * 7, "x y z", "1234567890" * 9]
+    rows = tokenizer.encode_batch(texts, add_special_tokens=False)
+    alone = [tokenizer.encode_batch([text], add_special_tokens=False)[0] for text in texts]
+    assert [row.tolist() for row in rows] == [row.tolist() for row in alone]
+    assert len(rows[2]) > 40 and rows[0].size == 0
+
+
+def test_runs_between_special_tokens_are_encoded_once_with_the_same_ids() -> None:
+    """A batch encoded run by run (each distinct text between special tokens once) gives the
+    ids of encoding each text whole, special tokens adjacent, first, last or broken."""
+    from analyzer.tokenizer_fast import _encode_all, _special_splitter, encode_segmented
+
+    encoding = load_tokenizer(None)._encoding
+    system = "<|im_start|>system\nYou are terse.<|im_end|>\n"
+    texts = [
+        system + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        system + "<|im_start|>user\nhi again<|im_end|><|im_end|>",
+        "<|im_end|>",
+        "",
+        "no special at all, but <| and |> and <|im_end",
+        "<|im_end|>\u0338 a broken special: '>' and U+0338 compose under NFC",
+        system * 3,
+    ]
+    assert encode_segmented(encoding, texts) == _encode_all(encoding, texts)
+
+    class Overlapping:  # one special token a prefix of another: tiktoken's cut could differ
+        special_tokens_set = frozenset({"<a>", "<a>b"})
+
+    assert _special_splitter(Overlapping()) is None
+    assert _special_splitter(encoding) is not None

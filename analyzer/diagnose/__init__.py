@@ -14,7 +14,13 @@ from analyzer.diagnose.fixes import apply_edits, original_hits, with_namespace
 from analyzer.diagnose.losses import CATEGORIES, Ceilings, attribute
 from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
 from analyzer.diagnose.parts import PartsSource, Reordered
-from analyzer.diagnose.plans import Context, PadTarget, static_runs, what_if_plan
+from analyzer.diagnose.plans import (
+    Context,
+    PadTarget,
+    edit_scenario,
+    static_runs,
+    what_if_plan,
+)
 from analyzer.diagnose.recommend import Evidence, KvShape, recommend
 from analyzer.diagnose.scenarios import Scenario, gains, replay_hits, replay_many
 from analyzer.diagnose.sweep import size_sweep
@@ -244,10 +250,28 @@ def _salt_free(
     if np.array_equal(inputs.salt_free_namespace, workload.namespace):
         return workload, replays.trie, replays.ideal.hit_tokens
     salt_free = with_namespace(workload, inputs.salt_free_namespace)
+    renamed = _renamed(replays.trie, workload.namespace, inputs.salt_free_namespace)
+    if renamed is not None:  # no salt: the same requests together, under other ids
+        return salt_free, renamed, replays.ideal.hit_tokens
     trie = PrefixTrie()
     ceiling = trie.replay(salt_free).hit_tokens
     assert trie.nodes is not None
     return salt_free, trie.nodes, ceiling
+
+
+def _renamed(trie: TrieNodes, old: np.ndarray, new: np.ndarray) -> TrieNodes | None:
+    """The trie with its namespace ids renamed ``old`` -> ``new`` when that is one to one (the
+    same requests share a namespace under either): then it is, node for node, the trie of the
+    renamed workload (nodes are made in request order, whatever their namespace ids), and its
+    hits are the same. None when the renaming merges or splits namespaces."""
+    pairs = np.unique(np.stack([old.astype(np.int64), new.astype(np.int64)]), axis=1)
+    if not (len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]):
+        return None
+    lookup = np.zeros(int(pairs[0].max(initial=0)) + 1, np.int64)
+    lookup[pairs[0]] = pairs[1]
+    namespace = lookup[trie.namespace]
+    namespace[0] = trie.namespace[0]  # the sentinel above the roots
+    return replace(trie, namespace=namespace)
 
 
 def _site_summaries(
@@ -320,9 +344,7 @@ def _what_ifs(
     context: Context, hits: dict[str, np.ndarray], specs: tuple[str, ...]
 ) -> list[WhatIf]:
     plans = [what_if_plan(context, spec) for spec in specs]
-    results = replay_many(
-        [Scenario(p.workload, p.settings, p.engines, context.servers) for p in plans]
-    )
+    results = replay_many([edit_scenario(p, context, hits) for p in plans])
     return [
         WhatIf(p.name, p.kind, gains(context.workload, hits, p.workload, result), p.details)
         for p, result in zip(plans, results, strict=True)

@@ -52,7 +52,8 @@ class PartsSource:
             messages = _system_first(record.messages)
             tools_moved += tools is not record.tools
             system_moved += messages is not record.messages
-            fixed.append(replace(record, tools=tools, messages=messages))
+            same = tools is record.tools and messages is record.messages
+            fixed.append(record if same else replace(record, tools=tools, messages=messages))
         if not tools_moved and not system_moved:
             return None
         workload = build_workload(

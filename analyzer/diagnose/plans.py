@@ -13,7 +13,7 @@ from numba import njit
 from analyzer.diagnose.dynamic import Site, Spans
 from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
 from analyzer.diagnose.parts import Reordered
-from analyzer.diagnose.scenarios import ENGINES
+from analyzer.diagnose.scenarios import ENGINES, Scenario
 from analyzer.diagnose.what_if import MOVING, Fix, WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.replay import ReplaySettings
@@ -71,6 +71,25 @@ class Plan:
     settings: ReplaySettings
     engines: tuple[str, ...] = ENGINES
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def edit_scenario(plan: Plan, context: Context, hits: dict[str, np.ndarray]) -> Scenario:
+    """The plan's replay. When it keeps the settings, ``context.workload`` is its base and
+    ``hits`` (the log's hits with those settings) the base's hits: an unbounded sequential
+    replay then replays only the requests its edits can reach."""
+    keeps = (
+        plan.settings == context.settings
+        and plan.workload.n_requests == context.workload.n_requests
+        and all(engine in hits for engine in plan.engines)
+    )
+    return Scenario(
+        plan.workload,
+        plan.settings,
+        plan.engines,
+        context.servers,
+        base=context.workload if keeps else None,
+        base_hits=hits if keeps else None,
+    )
 
 
 def pad_plan(context: Context, targets: list[PadTarget]) -> Plan:

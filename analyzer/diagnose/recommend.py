@@ -17,12 +17,13 @@ from analyzer.diagnose.plans import (
     Context,
     PadTarget,
     Plan,
+    edit_scenario,
     move_plan,
     pad_plan,
     reorder_plan,
     salt_plan,
 )
-from analyzer.diagnose.scenarios import Gain, Scenario, gains, replay_many
+from analyzer.diagnose.scenarios import Gain, gains, replay_many
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.engines import ENGINE_LABELS
 from analyzer.units import binary_bytes
@@ -91,10 +92,7 @@ def recommend(context: Context, evidence: Evidence) -> Advice:
     floor = max(1.0, MIN_GAIN_SHARE * int(workload.prompt_offsets[-1]))
     candidates = _candidate_plans(context, evidence)
     results = replay_many(
-        [
-            Scenario(plan.workload, plan.settings, plan.engines, context.servers)
-            for plan, _, _ in candidates
-        ]
+        [edit_scenario(plan, context, evidence.hits) for plan, _, _ in candidates]
     )
     items = []
     padding_saves = {}

@@ -17,11 +17,12 @@ import signal
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from analyzer.diagnose.reach import reached_rows
 from analyzer.engines import ENGINES
 from analyzer.pool import CacheKey, CachePool, Routes
 from analyzer.replay import ReplaySettings
@@ -31,6 +32,9 @@ from cache_models.workload import Workload
 
 # Below this many prompt tokens per job, worker start-up costs more than it saves.
 PARALLEL_MIN_TOKENS = 2_000_000
+# A fix that reaches more of the log than this is replayed whole: a copy of most of the log
+# (held beside the trie it builds) would save little time and cost memory.
+SUBSET_MAX_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,18 @@ class Scenario:
 
     ``servers`` labels each request with the server it goes to (one per model in the log): each
     server's requests are replayed on caches of their own.
+
+    ``base`` is the workload that this one edits (the same requests, some of them changed) and
+    ``base_hits`` its hits with these settings: an unbounded sequential replay then replays only
+    the requests the edits can reach (``reach.reached_rows``), the others keep ``base_hits``.
     """
 
     workload: Workload
     settings: ReplaySettings
     engines: tuple[str, ...] = ENGINES
     servers: np.ndarray | None = None
+    base: Workload | None = None
+    base_hits: dict[str, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,10 @@ def replay_many(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
     groups: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, scenario in enumerate(scenarios):
         if _unbounded_sequential(scenario.settings):
-            groups[(id(scenario.workload), id(scenario.servers))].append(i)
+            if scenario.base is not None and scenario.base_hits is not None:
+                results[i] = _reached_replay(scenario)
+            else:
+                groups[(id(scenario.workload), id(scenario.servers))].append(i)
     for indices in groups.values():
         for i, hits in zip(indices, _trie_replays([scenarios[i] for i in indices]), strict=True):
             results[i] = hits
@@ -137,6 +150,40 @@ def _trie_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
     results: list[dict[str, np.ndarray]] = [{} for _ in scenarios]
     for i, engine, view in wanted:
         results[i][engine] = by_view[view]
+    return results
+
+
+def _views(scenario: Scenario) -> dict[str, View]:
+    settings = scenario.settings
+    return {
+        engine: View(engine, settings.block_size if engine == "vllm" else settings.page_size)
+        for engine in scenario.engines
+    }
+
+
+def _reached_replay(scenario: Scenario) -> dict[str, np.ndarray]:
+    """An unbounded sequential scenario that edits ``base``: the requests the edits can reach
+    replayed (in order, with every request they can share a block with), the rest as in
+    ``base_hits``."""
+    assert scenario.base is not None and scenario.base_hits is not None
+    views = _views(scenario)
+    finest = min(view.granularity for view in views.values())
+    rows = reached_rows(scenario.base, scenario.workload, finest, scenario.servers)
+    if len(rows) > SUBSET_MAX_SHARE * scenario.workload.n_requests:
+        return _trie_replays([replace(scenario, base=None, base_hits=None)])[0]
+    part = Scenario(
+        scenario.workload.select(rows),
+        scenario.settings,
+        scenario.engines,
+        None if scenario.servers is None else scenario.servers[rows],
+    )
+    replayed = _trie_replays([part])[0] if len(rows) else {}
+    results = {}
+    for engine in views:
+        hits = np.array(scenario.base_hits[engine], np.int64)
+        if len(rows):
+            hits[rows] = replayed[engine]
+        results[engine] = hits
     return results
 
 

@@ -355,26 +355,58 @@ def _parse_items(
 ) -> Iterator[Parsed | Skip]:
     """Each line parsed, or its Skip: the one place where a line's errors, anticipated
     (BadLine) or not (any other exception, a bug or an input no one foresaw), become a reasoned
-    skip naming file and line. Errors of the whole input (PrefixcheckError) still stop the run."""
+    skip naming file and line. Errors of the whole input (PrefixcheckError) still stop the run.
+    Pre-tokenized JSON lines go through ``token_ids.plain_records`` in batches first."""
+    if log_format.name == "tokens" and fields is None and not items.objects:
+        yield from _parse_plain_tokens(name, items, log_format, parse)
+        return
     for line, item in items:
-        try:
-            value = _item_value(item, name, line, log_format, items.objects)
-            if isinstance(value, Skip):
-                result: Parsed | Skip = value
+        yield _parse_item(name, line, item, items.objects, log_format, parse, fields)
+
+
+PLAIN_BATCH = 1024  # pre-tokenized lines decoded at a time
+
+
+def _parse_plain_tokens(
+    name: str, items: _Peeked, log_format: LogFormat, parse: Parser
+) -> Iterator[Parsed | Skip]:
+    """Each pre-tokenized line parsed by the batched fast path, or, where that does not take
+    it, by ``_parse_item`` (the same Record either way, and the same skip)."""
+    lines = iter(items)
+    while batch := list(islice(lines, PLAIN_BATCH)):
+        for (line, item), record in zip(batch, token_ids.plain_records(name, batch), strict=True):
+            if record is None:
+                yield _parse_item(name, line, item, False, log_format, parse, None)
             else:
-                if not log_format.owns(value):
-                    _raise_if_mixed(value, log_format)
-                parsed = parse(value, name, line)
-                if fields is not None and isinstance(value, dict):
-                    mapped.apply_overrides(parsed, value, fields)
-                result = checked(parsed)
-        except BadLine as exc:
-            result = Skip(name, line, exc.reason)
-        except PrefixcheckError:
-            raise
-        except Exception as exc:
-            result = Skip(name, line, unexpected(exc))
-        yield result
+                yield record
+
+
+def _parse_item(
+    name: str,
+    line: int,
+    item: Any,
+    objects: bool,
+    log_format: LogFormat,
+    parse: Parser,
+    fields: FieldMap | None,
+) -> Parsed | Skip:
+    """One line parsed, or its Skip."""
+    try:
+        value = _item_value(item, name, line, log_format, objects)
+        if isinstance(value, Skip):
+            return value
+        if not log_format.owns(value):
+            _raise_if_mixed(value, log_format)
+        parsed = parse(value, name, line)
+        if fields is not None and isinstance(value, dict):
+            mapped.apply_overrides(parsed, value, fields)
+        return checked(parsed)
+    except BadLine as exc:
+        return Skip(name, line, exc.reason)
+    except PrefixcheckError:
+        raise
+    except Exception as exc:
+        return Skip(name, line, unexpected(exc))
 
 
 def _item_value(

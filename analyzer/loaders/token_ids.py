@@ -1,12 +1,23 @@
 """Pre-tokenized requests: ``{"prompt_token_ids": [...], "output_token_ids": [...],
-"cache_salt": "...", "finish_reason": "stop"}`` (all but ``prompt_token_ids`` optional)."""
+"cache_salt": "...", "finish_reason": "stop"}`` (all but ``prompt_token_ids`` optional).
+
+Plain lines (those fields alone, ids as plain JSON lists) are read in batches: one typed decode
+per line that leaves the id lists as bytes, then every list of the batch parsed into one int32
+array in compiled code (``id_lists``). Any other line, or one the fast path does not take
+whole, is read by ``parse``, the ordinary way, with its ordinary error."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import cache_fields, int_list, optional_number, optional_str
+from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
+from analyzer.loaders.id_lists import parse_id_lists
 from analyzer.records import Record
 
 
@@ -30,4 +41,93 @@ def parse(obj: dict[str, Any], file: str, line: int) -> Record:
         model=optional_str(obj, "model"),
         arrival_s=optional_number(obj, "timestamp"),
         **cache_fields(obj),
+    )
+
+
+_NULL = msgspec.Raw(b"null")
+
+
+class _PlainLine(msgspec.Struct, forbid_unknown_fields=True):
+    """A line with no field but these (any other, or another type: read by ``parse``)."""
+
+    prompt_token_ids: msgspec.Raw
+    output_token_ids: msgspec.Raw = _NULL
+    finish_reason: str | None = None
+    cache_salt: str | None = None
+    lora: str | None = None
+    model: str | None = None
+    timestamp: int | float | None = None
+
+
+_decode_plain = msgspec.json.Decoder(_PlainLine).decode
+
+
+def plain_records(file: str, lines: Sequence[tuple[int, Any]]) -> list[Record | None]:
+    """The Record of each plain line, exactly as ``parse`` reads it; None for every other line
+    (not bytes, not one JSON object of these fields, a list that is not plain ids, a prompt
+    without tokens or too long, a time out of range): those are for ``parse``."""
+    decoded: list[_PlainLine | None] = []
+    lists: list[msgspec.Raw] = []
+    for _, raw in lines:
+        try:
+            item = _decode_plain(raw) if isinstance(raw, bytes) else None
+        except Exception:  # any refusal: the ordinary reader decides, and says why
+            item = None
+        decoded.append(item)
+        if item is not None:
+            lists.append(item.prompt_token_ids)
+            if item.output_token_ids != _NULL:
+                lists.append(item.output_token_ids)
+    ids, offsets, taken = parse_id_lists(lists)
+    records: list[Record | None] = []
+    at = 0
+    for (number, _), item in zip(lines, decoded, strict=True):
+        if item is None:
+            records.append(None)
+            continue
+        prompt, output = at, None
+        at += 1
+        if item.output_token_ids != _NULL:
+            output, at = at, at + 1
+        records.append(_record(file, number, item, ids, offsets, taken, prompt, output))
+    return records
+
+
+def _record(
+    file: str,
+    line: int,
+    item: _PlainLine,
+    ids: Any,
+    offsets: Any,
+    taken: Any,
+    prompt: int,
+    output: int | None,
+) -> Record | None:
+    prompt_len = offsets[prompt + 1] - offsets[prompt]
+    if not taken[prompt] or not 0 < prompt_len <= MAX_REQUEST_TOKENS:
+        return None
+    output_ids = None
+    if output is not None:
+        output_len = offsets[output + 1] - offsets[output]
+        if not taken[output] or output_len > MAX_REQUEST_TOKENS:
+            return None
+        if output_len:
+            output_ids = ids[offsets[output] : offsets[output + 1]]
+    arrival = item.timestamp
+    if arrival is not None:
+        if isinstance(arrival, int) and not -(2**62) < arrival < 2**62:
+            return None  # far outside any time, and float() of it may overflow
+        arrival = float(arrival)
+        if not (math.isfinite(arrival) and MIN_TIME_S <= arrival <= MAX_TIME_S):
+            return None
+    return Record(
+        file=file,
+        line=line,
+        prompt_token_ids=ids[offsets[prompt] : offsets[prompt + 1]],
+        output_token_ids=output_ids,
+        finish_reason=item.finish_reason,
+        cache_salt=item.cache_salt or None,
+        lora=item.lora or None,
+        model=item.model,
+        arrival_s=arrival,
     )

@@ -1,0 +1,86 @@
+"""JSON lists of token ids read straight from their bytes into one int32 array: the fast path of
+pre-tokenized logs (no Python int per token). Only the plain form is taken (``[``, decimal
+integers in 0..2^31-1, commas, JSON whitespace, ``]``); any other list (a negative id, a float,
+a string, nesting, an id too large) is reported as not taken, for the caller to read that line
+the ordinary way, with its ordinary error."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+_MAX_ID = (1 << 31) - 1
+_MAX_DIGITS = 10  # 2^31 - 1 has 10 digits
+
+
+def parse_id_lists(lists: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ids of each JSON list, laid out flat: ``(ids, offsets, taken)``; list ``i``'s ids are
+    ``ids[offsets[i]:offsets[i + 1]]`` when ``taken[i]`` (else empty: not a plain id list)."""
+    bounds = np.zeros(len(lists) + 1, np.int64)
+    np.cumsum([len(raw) for raw in lists], out=bounds[1:])
+    buffer = np.frombuffer(b"".join(lists), np.uint8)
+    return _parse(buffer, bounds)
+
+
+@njit(cache=True, nogil=True)
+def _parse(buffer: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = len(bounds) - 1
+    ids = np.empty(len(buffer) // 2 + 1, np.int32)  # a list of k ids takes at least 2k bytes
+    offsets = np.zeros(n + 1, np.int64)
+    taken = np.zeros(n, np.bool_)
+    size = 0
+    for i in range(n):
+        start = size
+        ok = _one(buffer, bounds[i], bounds[i + 1], ids, size)
+        if ok >= 0:
+            size = ok
+            taken[i] = True
+        else:
+            size = start
+        offsets[i + 1] = size
+    return ids[:size].copy(), offsets, taken
+
+
+@njit(cache=True, inline="always")
+def _space(byte: int) -> bool:
+    return byte == 32 or byte == 9 or byte == 10 or byte == 13
+
+
+@njit(cache=True)
+def _skip(buffer: np.ndarray, at: int, end: int) -> int:
+    while at < end and _space(buffer[at]):
+        at += 1
+    return at
+
+
+@njit(cache=True)
+def _one(buffer: np.ndarray, at: int, end: int, ids: np.ndarray, size: int) -> int:
+    """Append one list's ids at ``ids[size:]``; the new size, or -1 when it is not plain."""
+    at = _skip(buffer, at, end)
+    if at >= end or buffer[at] != 91:  # [
+        return -1
+    at = _skip(buffer, at + 1, end)
+    if at < end and buffer[at] == 93:  # ]: an empty list
+        return size if _skip(buffer, at + 1, end) == end else -1
+    while True:
+        value, digits = 0, 0
+        while at < end and 48 <= buffer[at] <= 57 and digits <= _MAX_DIGITS:
+            value = value * 10 + (buffer[at] - 48)
+            digits += 1
+            at += 1
+        if digits == 0 or digits > _MAX_DIGITS or value > _MAX_ID:
+            return -1
+        if digits > 1 and buffer[at - digits] == 48:  # a leading zero: not JSON
+            return -1
+        ids[size] = value
+        size += 1
+        at = _skip(buffer, at, end)
+        if at >= end:
+            return -1
+        if buffer[at] == 93:  # ]
+            return size if _skip(buffer, at + 1, end) == end else -1
+        if buffer[at] != 44:  # ,
+            return -1
+        at = _skip(buffer, at + 1, end)
