@@ -12,9 +12,10 @@ three replay modes. The reference's objects map to arrays:
   can only add a hit.
 - **Blocks.** One row each: ref_cnt and four links: the copies of one key form a list in
   insertion order (DUP_NEXT / DUP_PREV), the free queue's cached run a doubly linked FIFO
-  (Q_NEXT / Q_PREV); and the block's key. The map is open addressing with linear probing (a key
-  and its oldest and newest copy per slot, at most half the slots used), deleted by backward
-  shift: 28 bytes per block id, 32 to 64 per block in the map.
+  (Q_NEXT / Q_PREV); and the block's key. The map is open addressing with linear probing, at
+  most half the slots used, deleted by backward shift: one 16-byte row per slot, the key and its
+  oldest and newest copy packed in one int64 (a probe reads one cache line, not one per array):
+  28 bytes per block id, 32 to 64 per block in the map.
 - **Free queue.** vLLM's queue is always three runs, kept as three structures: uncached freed
   blocks at the head (a stack linked through Q_NEXT: vLLM prepends them), never-used blocks in id
   order (ids are handed out lazily, so memory follows the blocks in use, never more than the
@@ -47,9 +48,11 @@ M2 = np.uint64(0xC4CEB9FE1A85EC53)
 SEED = np.uint64(0x243F6A8885A308D3)
 SHIFT = np.uint64(33)
 
-# Columns of Pool.blocks, Pool.map_copies, Slots.info; rows of the tally; entries of Pool.state.
+# Columns of Pool.blocks, Pool.map, Slots.info; rows of the tally; entries of Pool.state.
 REF_CNT, DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV = range(5)
-FIRST, LAST = range(2)
+MAP_KEY, MAP_COPIES = range(2)
+EMPTY_SLOT = -1  # MAP_COPIES of an empty slot: its oldest copy (the low half) is NONE
+LOW32 = 0xFFFFFFFF
 REQ, N_BLOCKS, N_CACHED, N_COMPUTED = range(4)
 HIT, EVICTED, INSERTED, DUPLICATE, PREEMPTIONS, REHIT = range(6)
 Q_HEAD, Q_TAIL, Q_LEN, STACK_TOP, STACK_LEN, NEXT_FRESH, LIMIT = range(7)
@@ -60,8 +63,7 @@ class Pool(NamedTuple):
 
     blocks: np.ndarray  # int32 [block, 5]: REF_CNT, DUP_NEXT, DUP_PREV, Q_NEXT, Q_PREV
     key: np.ndarray  # int64 per block, valid while cached
-    map_key: np.ndarray  # int64 per map slot
-    map_copies: np.ndarray  # int32 [slot, 2]: FIRST, LAST copy; FIRST = NONE: an empty slot
+    map: np.ndarray  # int64 [slot, 2]: MAP_KEY, MAP_COPIES (oldest copy low, newest high)
     state: np.ndarray  # int64: Q_HEAD, Q_TAIL, Q_LEN, STACK_TOP, STACK_LEN, NEXT_FRESH, LIMIT
 
 
@@ -131,56 +133,139 @@ def request_keys(
 # ------------------------------------------------------------------------------------ the pool
 
 
+def pool_arrays(limit: int, size: int) -> Pool:
+    """``new_pool`` allocated by numpy, outside the kernels: numpy asks the kernel for huge
+    pages on large arrays (``madvise``), numba's runtime does not, and on the pool's random
+    probes that saves most TLB misses and page faults. The replay adapter grows the pool
+    with this before a chunk (``with_room``); the kernels' own growth is the fallback."""
+    pool = Pool(
+        np.empty((size, 5), np.int32),
+        np.zeros(size, np.int64),
+        np.empty((_n_slots(size), 2), np.int64),
+        np.zeros(7, np.int64),
+    )
+    _init_pool(pool, limit)
+    return pool
+
+
+def with_room(pool: Pool, n_new: int) -> Pool:
+    """``reserve`` done outside the kernels (numpy's allocation, see ``pool_arrays``)."""
+    size, needed = _needed(pool, n_new)
+    if needed <= size:
+        return pool
+    grown = pool_arrays(int(pool.state[LIMIT]), needed)
+    _copy_into(pool, grown)
+    return grown
+
+
 @jit
-def new_pool(limit: int, size: int) -> Pool:
-    """Blocks 1..limit usable (block 0 is the null block); arrays for ``size`` block ids."""
+def _n_slots(size: int) -> int:
     n_slots = 4
     while n_slots < 2 * size:
         n_slots *= 2
-    state = np.zeros(7, np.int64)
+    return n_slots
+
+
+@jit
+def _init_pool(pool: Pool, limit: int) -> None:
+    state, blocks, key_map = pool.state, pool.blocks, pool.map
     state[Q_HEAD] = NONE
     state[Q_TAIL] = NONE
     state[STACK_TOP] = NONE
     state[NEXT_FRESH] = 1
     state[LIMIT] = limit
-    blocks = np.full((size, 5), NONE, np.int32)
-    for b in range(size):
+    for b in range(len(blocks)):
         blocks[b, REF_CNT] = 0
-    map_copies = np.full((n_slots, 2), NONE, np.int32)
-    return Pool(blocks, np.zeros(size, np.int64), np.zeros(n_slots, np.int64), map_copies, state)
+        for c in range(1, 5):
+            blocks[b, c] = NONE
+    for i in range(len(key_map)):
+        key_map[i, MAP_KEY] = 0
+        key_map[i, MAP_COPIES] = EMPTY_SLOT
+
+
+@jit
+def new_pool(limit: int, size: int) -> Pool:
+    """Blocks 1..limit usable (block 0 is the null block); arrays for ``size`` block ids."""
+    pool = Pool(
+        np.empty((size, 5), np.int32),
+        np.zeros(size, np.int64),
+        np.empty((_n_slots(size), 2), np.int64),
+        np.zeros(7, np.int64),
+    )
+    _init_pool(pool, limit)
+    return pool
+
+
+@jit
+def _needed(pool: Pool, n_new: int) -> tuple[int, int]:
+    """The pool's size and the size that gives room for ``n_new`` more never-used blocks:
+    at least doubling, up to the most the map's slots hold at half load (the map's size is a
+    power of two), never beyond the usable blocks (the size itself when there is room)."""
+    size = len(pool.key)
+    limit = pool.state[LIMIT] + 1
+    needed = min(pool.state[NEXT_FRESH] + n_new, limit)
+    if needed <= size:
+        return size, size
+    return size, min(_n_slots(max(needed, 2 * size)) // 2, limit)
 
 
 @jit
 def reserve(pool: Pool, n_new: int) -> Pool:
     """The pool with room for ``n_new`` more never-used blocks: arrays and map grow together,
     doubling, never beyond the usable blocks."""
-    size = len(pool.key)
-    limit = pool.state[LIMIT] + 1
-    needed = min(pool.state[NEXT_FRESH] + n_new, limit)
+    size, needed = _needed(pool, n_new)
     if needed <= size:
         return pool
-    grown = new_pool(pool.state[LIMIT], min(max(needed, 2 * size), limit))
-    for b in range(size):
+    grown = new_pool(pool.state[LIMIT], needed)
+    _copy_into(pool, grown)
+    return grown
+
+
+@jit
+def _copy_into(pool: Pool, grown: Pool) -> None:
+    """Copy every block and state entry of ``pool`` into the larger ``grown``, and rehash."""
+    for b in range(len(pool.key)):
         for c in range(5):
             grown.blocks[b, c] = pool.blocks[b, c]
         grown.key[b] = pool.key[b]
     for i in range(len(pool.state)):
         grown.state[i] = pool.state[i]
-    for i in range(len(pool.map_key)):  # rehash
-        if pool.map_copies[i, FIRST] != NONE:
-            j = _slot(grown, pool.map_key[i])
-            grown.map_key[j] = pool.map_key[i]
-            grown.map_copies[j, FIRST] = pool.map_copies[i, FIRST]
-            grown.map_copies[j, LAST] = pool.map_copies[i, LAST]
-    return grown
+    for i in range(len(pool.map)):  # rehash
+        if not _is_empty(pool.map[i, MAP_COPIES]):
+            j = _slot(grown, pool.map[i, MAP_KEY])
+            grown.map[j, MAP_KEY] = pool.map[i, MAP_KEY]
+            grown.map[j, MAP_COPIES] = pool.map[i, MAP_COPIES]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _first(copies: int) -> int:
+    """The oldest copy of a slot's packed MAP_COPIES (the low 32 bits, sign-extended)."""
+    return ((copies & LOW32) ^ 0x80000000) - 0x80000000
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _last(copies: int) -> int:
+    """The newest copy of a slot's packed MAP_COPIES (the high 32 bits)."""
+    return copies >> 32
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _packed(first: int, last: int) -> int:
+    return (np.int64(last) << 32) | (np.int64(first) & LOW32)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _is_empty(copies: int) -> bool:
+    return (copies & LOW32) == LOW32  # the oldest copy is NONE
 
 
 @jit
 def _slot(pool: Pool, key: int) -> int:
     """The map slot holding ``key``, or else the empty slot where it would go."""
-    mask = len(pool.map_key) - 1
+    key_map = pool.map
+    mask = len(key_map) - 1
     i = key & mask
-    while pool.map_copies[i, FIRST] != NONE and pool.map_key[i] != key:
+    while not _is_empty(key_map[i, MAP_COPIES]) and key_map[i, MAP_KEY] != key:
         i = (i + 1) & mask
     return i
 
@@ -204,19 +289,23 @@ def _unlink(pool: Pool, block: int) -> None:
 @njit(cache=True, error_model="numpy", inline="always")  # in the eviction loop: inlined
 def _uncache(pool: Pool, block: int) -> None:
     """Take a cached block out of its key's copies; the key leaves the map with its last copy."""
-    links, copies = pool.blocks, pool.map_copies
+    links = pool.blocks
     slot = _slot(pool, pool.key[block])
+    copies = pool.map[slot, MAP_COPIES]
+    first, last = _first(copies), _last(copies)
     prev, nxt = links[block, DUP_PREV], links[block, DUP_NEXT]
     if prev == NONE:
-        copies[slot, FIRST] = nxt
+        first = nxt
     else:
         links[prev, DUP_NEXT] = nxt
     if nxt == NONE:
-        copies[slot, LAST] = prev
+        last = prev
     else:
         links[nxt, DUP_PREV] = prev
-    if copies[slot, FIRST] == NONE:
+    if first == NONE:
         _delete_slot(pool, slot)
+    else:
+        pool.map[slot, MAP_COPIES] = _packed(first, last)
 
 
 @jit
@@ -252,21 +341,20 @@ def add_blocks(
 def _delete_slot(pool: Pool, hole: int) -> None:
     """Linear probing's backward-shift deletion: entries after the hole move back unless their
     home lies cyclically in (hole, j]."""
-    keys, copies = pool.map_key, pool.map_copies
-    mask = len(keys) - 1
+    key_map = pool.map
+    mask = len(key_map) - 1
     j = hole
     while True:
         j = (j + 1) & mask
-        if copies[j, FIRST] == NONE:
+        if _is_empty(key_map[j, MAP_COPIES]):
             break
-        home = keys[j] & mask
+        home = key_map[j, MAP_KEY] & mask
         if (hole < home <= j) if hole <= j else (hole < home or home <= j):
             continue
-        keys[hole] = keys[j]
-        copies[hole, FIRST] = copies[j, FIRST]
-        copies[hole, LAST] = copies[j, LAST]
+        key_map[hole, MAP_KEY] = key_map[j, MAP_KEY]
+        key_map[hole, MAP_COPIES] = key_map[j, MAP_COPIES]
         hole = j
-    copies[hole, FIRST] = NONE
+    key_map[hole, MAP_COPIES] = EMPTY_SLOT
 
 
 @jit
@@ -280,22 +368,22 @@ def cache_blocks(
     r: int,
 ) -> None:
     """Cache table[start:stop] under their keys, each as the newest copy of its key."""
-    links, copies = pool.blocks, pool.map_copies
+    links, key_map = pool.blocks, pool.map
     for i in range(start, stop):
         block, key = table[i], keys[i]
         pool.key[block] = key
         links[block, DUP_NEXT] = NONE
         slot = _slot(pool, key)
-        if copies[slot, FIRST] == NONE:
-            pool.map_key[slot] = key
-            copies[slot, FIRST] = block
-            last = NONE
+        copies = key_map[slot, MAP_COPIES]
+        if _is_empty(copies):
+            key_map[slot, MAP_KEY] = key
+            first, last = block, NONE
         else:
-            last = copies[slot, LAST]
+            first, last = _first(copies), _last(copies)
             links[last, DUP_NEXT] = block
             tally[DUPLICATE, r] += 1
         links[block, DUP_PREV] = last
-        copies[slot, LAST] = block
+        key_map[slot, MAP_COPIES] = _packed(first, block)
         tally[INSERTED, r] += 1
 
 
@@ -305,7 +393,7 @@ def lookup(pool: Pool, keys: np.ndarray, max_blocks: int, table: np.ndarray) -> 
     written to ``table``; returns their number."""
     k = 0
     while k < max_blocks:
-        block = pool.map_copies[_slot(pool, keys[k]), FIRST]
+        block = _first(pool.map[_slot(pool, keys[k]), MAP_COPIES])
         if block == NONE:
             break
         table[k] = block

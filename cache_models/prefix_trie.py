@@ -116,6 +116,10 @@ class PrefixTrie:
     def feed(self, chunk: Workload) -> list[np.ndarray]:
         """Per view, the hits of the chunk's requests, as if the whole log so far were replayed
         at once. The trie grows geometrically: a feed costs its own content, amortised."""
+        self._store = _with_room(
+            self._store,
+            int(self._sizes[N_STORE]) + int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1]),
+        )
         hits, self._columns, self._best, self._store = _feed(
             self._columns,
             self._best,
@@ -157,6 +161,17 @@ class PrefixTrie:
 def unbounded_hits(workload: Workload, views: list[View]) -> list[np.ndarray]:
     """Per view, the hits of an unbounded, sequential replay (exactly the engine models')."""
     return PrefixTrie(views).feed(workload)
+
+
+def _with_room(store: np.ndarray, needed: int) -> np.ndarray:
+    """``store`` with room for ``needed`` tokens, grown here rather than in the kernel: numpy
+    asks for huge pages (numba's runtime does not), and room it never writes stays unmapped, so
+    the bound (every token of the chunk) costs no memory the store does not use."""
+    if needed <= len(store):
+        return store
+    bigger = np.empty(max(needed, 2 * len(store)), store.dtype)
+    bigger[: len(store)] = store
+    return bigger
 
 
 @njit(cache=True)

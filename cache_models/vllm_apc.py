@@ -114,7 +114,7 @@ class VllmSession:
     def feed(self, chunk: Workload) -> ReplayResult:
         if self.reference is not None:
             return _reference_result(self.reference, chunk)
-        result, self.pool = _replay_fast(self.config, chunk, self.pool)
+        result, self.pool = _replay_fast(self.config, chunk, self.pool, room_ahead=True)
         return result
 
     @property
@@ -153,15 +153,20 @@ def _result(
 
 
 def _replay_fast(
-    config: VllmConfig, workload: Workload, pool: kernel.Pool | None
+    config: VllmConfig, workload: Workload, pool: kernel.Pool | None, room_ahead: bool = False
 ) -> tuple[ReplayResult, kernel.Pool]:
-    """Run the numba kernel of ``config``'s replay mode from ``pool`` (None: an empty cache)."""
+    """Run the numba kernel of ``config``'s replay mode from ``pool`` (None: an empty cache).
+    ``room_ahead``: grow the pool here first, for every block the requests hold at their peaks
+    (a session's chunks: the bound is one chunk's blocks; a whole log's replay grows as it
+    goes, as its bound, every block of the log, can be far above the blocks it keeps)."""
     size = config.block_size
     peaks = _peak_blocks(workload, size)
     limit = kernel.UNBOUNDED if config.usable_blocks is None else config.usable_blocks
     if pool is None:
-        pool = kernel.new_pool(limit, min(limit + 1, 1024))
+        pool = kernel.pool_arrays(limit, min(limit + 1, 1024))
     runnable = peaks <= limit
+    if room_ahead:  # allocated here by numpy (huge pages); the kernel grows it if need be
+        pool = kernel.with_room(pool, int(peaks[runnable].sum()))
     tally = np.zeros((6, workload.n_requests), np.int64)
     args = (
         np.ascontiguousarray(workload.prompt_tokens, np.int32),

@@ -11,6 +11,7 @@ none of them prints a traceback.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.metadata
 import os
 import signal
@@ -43,6 +44,9 @@ def main() -> None:
     try:
         from cli.main import app
 
+        # What the imports made lives as long as the process: frozen, the collector's full
+        # passes skip it (they ran over it again and again while a log was read).
+        gc.freeze()
         app()
     except (KeyboardInterrupt, _Interrupted) as exc:
         terminated = isinstance(exc, _Interrupted) and exc.signum == signal.SIGTERM

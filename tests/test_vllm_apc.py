@@ -426,7 +426,14 @@ def session_state(session: VllmSession) -> list[object]:
         queue = [(block.block_id, block.key) for block in pool.free_queue]
         return [queue, {key: list(copies) for key, copies in pool.cached.items()}]
     assert session.pool is not None
-    return [array.tolist() for array in session.pool]
+    pool = session.pool
+    used = int(pool.state[kernel.NEXT_FRESH])  # block ids handed out; the rest never used
+    cached = {
+        int(key): int(copies)
+        for key, copies in pool.map.tolist()
+        if copies & kernel.LOW32 != kernel.LOW32
+    }  # the map by key: its slots depend on how far the pool has grown
+    return [pool.blocks[:used].tolist(), pool.key[:used].tolist(), cached, pool.state.tolist()]
 
 
 def test_session_memory_follows_the_capacity_not_the_log() -> None:

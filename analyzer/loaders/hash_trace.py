@@ -18,6 +18,7 @@ that repeats the answer hits it, as on the log.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -46,11 +47,27 @@ _OFFSET_FACTOR = 0x7FEB352D
 def expand_hash_ids(
     hash_ids: np.ndarray | list[int], input_length: int, block_size: int
 ) -> np.ndarray:
-    """The first ``input_length`` synthetic tokens of a run of ids."""
-    ids = np.asarray(hash_ids, dtype=np.int64)[:, None]
-    offsets = np.arange(block_size, dtype=np.int64)[None, :]
-    tokens = (ids * _ID_FACTOR + offsets * _OFFSET_FACTOR) & 0x7FFFFFFF
-    return tokens.astype(np.int32).ravel()[:input_length]
+    """The first ``input_length`` synthetic tokens of a run of ids.
+
+    In uint32 arithmetic (mod 2^32, whose low 31 bits are those mod 2^31), written once into
+    the int32 result: no int64 intermediate of the whole block matrix."""
+    ids = np.asarray(hash_ids, dtype=np.int64).astype(np.uint32)
+    tokens = np.empty((len(ids), block_size), np.uint32)
+    np.add(
+        (ids * np.uint32(_ID_FACTOR))[:, None],
+        _offset_terms(block_size)[None, :],
+        out=tokens,
+    )
+    tokens &= np.uint32(0x7FFFFFFF)
+    return tokens.view(np.int32).ravel()[:input_length]
+
+
+@lru_cache(maxsize=8)
+def _offset_terms(block_size: int) -> np.ndarray:
+    """``j * C mod 2^32`` for each offset j of a block (read-only: shared between calls)."""
+    terms = (np.arange(block_size, dtype=np.uint64) * _OFFSET_FACTOR).astype(np.uint32)
+    terms.flags.writeable = False
+    return terms
 
 
 def parse(
