@@ -2,19 +2,14 @@
 the gain it makes ("measured" in the report: replayed, not guessed; ``measure`` itself is the GPU
 mode).
 
-Independent replays run in forked worker processes when the log is big enough for that to pay.
-The workers die with the run: they ignore Ctrl-C (the parent handles it and ends them), the
-kernel kills them when the parent dies (Linux), and the pool is terminated on any way out.
+Independent replays run in forked worker processes (``forked``) when the log is big enough for
+that to pay; the workers die with the run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import multiprocessing
 import os
-import signal
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -22,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.diagnose.forked import forked_map
 from analyzer.diagnose.reach import reached_rows
 from analyzer.engines import ENGINES
 from analyzer.pool import CacheKey, CachePool, Routes
@@ -193,21 +189,8 @@ def _engine_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]
     workers = min(len(scenarios), os.cpu_count() or 1)
     if workers < 2 or tokens < PARALLEL_MIN_TOKENS or "fork" not in _start_methods():
         return [_model_replay(s) for s in scenarios]
-    global _PENDING
-    _PENDING = list(scenarios)  # forked workers inherit them: no pickling of the workloads
-    try:
-        context = multiprocessing.get_context("fork")
-        # Ctrl-C or SIGTERM between a fork and the worker's own handlers would run the parent's
-        # (which raise) in the child: held off until the workers exist, then delivered here.
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
-        try:
-            pool = context.Pool(workers, initializer=_worker_started, initargs=(os.getpid(),))
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        with pool:
-            return pool.map(_replay_pending, range(len(scenarios)), chunksize=1)
-    finally:  # leaving the with block (error, Ctrl-C, SIGTERM) terminated the workers
-        _PENDING = []
+    weights = [int(s.workload.prompt_offsets[-1]) for s in scenarios]
+    return forked_map(lambda i: _model_replay(scenarios[i]), weights, workers)
 
 
 def gains(
@@ -225,31 +208,6 @@ def gains(
         )
         for engine in after_hits
     }
-
-
-_PENDING: list[Scenario] = []
-
-
-def _replay_pending(index: int) -> dict[str, np.ndarray]:
-    return _model_replay(_PENDING[index])
-
-
-def _worker_started(parent: int) -> None:
-    """In each worker: Ctrl-C and SIGTERM do what the defaults do (the parent's handlers, which
-    raise, are not inherited), and the worker is killed if the parent dies first."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C: the parent ends us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _ENDING)  # held since the fork: now the defaults
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1
-_ENDING = {signal.SIGINT, signal.SIGTERM}
 
 
 def _start_methods() -> list[str]:
