@@ -42,14 +42,10 @@ def chat_text(messages: list[dict[str, Any]]) -> str:
 
 
 def routing_text(record: Record) -> str | None:
-    """The router's text for one request (None: no text, use its token ids)."""
+    """The router's text for a chat or a completion (None: a request given as token ids)."""
     if record.messages is not None:
         return chat_text(record.messages)
-    if record.prompt is not None:
-        return record.prompt
-    if record.prompt_token_ids is not None:
-        return " ".join(str(int(t)) for t in record.prompt_token_ids)
-    return None
+    return record.prompt
 
 
 def routing_symbols(
@@ -65,8 +61,8 @@ def routing_symbols(
     out = []
     for i, (file, line) in enumerate(zip(requests["file"], requests["line"], strict=True)):
         record = by_line.get((file, int(line)))
-        if record is not None and (record.messages is not None or record.prompt is not None):
-            text = routing_text(record) or ""
+        text = routing_text(record) if record is not None else None
+        if text is not None:
             out.append(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64))
         else:
             start, stop = workload.prompt_offsets[i], workload.prompt_offsets[i + 1]
@@ -75,22 +71,26 @@ def routing_symbols(
 
 
 @njit(cache=True)
+def _digits(value: int) -> int:
+    digits = 1
+    while value >= 10**digits and digits < 10:
+        digits += 1
+    return digits
+
+
+@njit(cache=True)
 def decimal_symbols(ids: np.ndarray) -> np.ndarray:
     """The code points of ``" ".join(str(i) for i in ids)`` (ids >= 0)."""
-    n = 0
+    n = max(0, len(ids) - 1)  # the spaces
     for value in ids:
-        n += 1 + (value >= 10) + (value >= 100) + (value >= 1000) + (value >= 10_000)
-        n += (value >= 100_000) + (value >= 1_000_000) + (value >= 10_000_000)
-        n += (value >= 100_000_000) + (value >= 1_000_000_000)
-    out = np.empty(max(0, n + len(ids) - 1), np.int64)
+        n += _digits(value)
+    out = np.empty(n, np.int64)
     at = 0
     for k, value in enumerate(ids):
         if k:
             out[at] = 32  # " "
             at += 1
-        digits = 1
-        while value >= 10**digits and digits < 10:
-            digits += 1
+        digits = _digits(value)
         for d in range(digits - 1, -1, -1):
             out[at + d] = 48 + value % 10
             value //= 10
