@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from analyzer.diagnose.forked import forked_map
+from tests.processes import children
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
@@ -40,24 +39,8 @@ def test_a_child_that_dies_is_named_and_no_child_is_left() -> None:
         time.sleep(60)
         return i
 
-    before, start = _children(), time.monotonic()
+    before, start = set(children(os.getpid())), time.monotonic()
     with pytest.raises(RuntimeError, match="died: killed by SIGKILL"):
         forked_map(task, [1, 1], workers=2)
     assert time.monotonic() - start < 30  # the second child was killed, not waited for
-    assert _children() <= before  # and both were reaped: no zombie left
-
-
-def _children() -> set[int]:
-    """This process's children, zombies included (Linux /proc; empty elsewhere)."""
-    if sys.platform != "linux":
-        return set()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
-                found.add(int(entry))
-    return found
+    assert set(children(os.getpid())) <= before  # and both were reaped: no zombie left

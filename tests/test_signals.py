@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import children, in_session
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "chat_logs.jsonl"
 # The diagnosis forks its replays for logs of 2M tokens or more; here for any log.
@@ -42,32 +44,6 @@ def _start(cache: Path, *extra: str, plain: bool = False) -> subprocess.Popen[st
         text=True,
         start_new_session=True,  # its own session: what is left of it can be found
     )
-
-
-def _in_session(session: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session and fields[0] != "Z":  # field 6 of stat: the session
-                found.append(int(entry))
-    return found
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                kids.append(int(entry))
-    return kids
 
 
 def _clean_run(cache: Path, out: Path) -> bytes:
@@ -110,7 +86,7 @@ def test_signal_ends_the_run_cleanly(
             time.sleep(0.005)
     else:
         deadline = time.monotonic() + 120
-        while not _children(process.pid) and process.poll() is None:
+        while not children(process.pid) and process.poll() is None:
             assert time.monotonic() < deadline
             time.sleep(0.005)
     with contextlib.suppress(ProcessLookupError):  # it may have finished already
@@ -127,9 +103,9 @@ def test_signal_ends_the_run_cleanly(
             "prefixcheck: terminated",
         )
     for _ in range(100):  # the kernel reaps killed workers shortly after
-        if not _in_session(process.pid):
+        if not in_session(process.pid):
             break
         time.sleep(0.05)
-    assert _in_session(process.pid) == []
+    assert in_session(process.pid) == []
     if signum == signal.SIGTERM and stage == "forked workers":  # the token cache is written
         assert _clean_run(cache, tmp_path / "after.json") == reference
