@@ -138,14 +138,7 @@ def pool_arrays(limit: int, size: int) -> Pool:
     pages on large arrays (``madvise``), numba's runtime does not, and on the pool's random
     probes that saves most TLB misses and page faults. The replay adapter grows the pool
     with this before a chunk (``with_room``); the kernels' own growth is the fallback."""
-    pool = Pool(
-        np.empty((size, 5), np.int32),
-        np.zeros(size, np.int64),
-        np.empty((_n_slots(size), 2), np.int64),
-        np.zeros(7, np.int64),
-    )
-    _init_pool(pool, limit)
-    return pool
+    return new_pool.py_func(limit, size)  # the same body, its arrays made here by numpy
 
 
 def with_room(pool: Pool, n_new: int) -> Pool:
