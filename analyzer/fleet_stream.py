@@ -28,11 +28,12 @@ from analyzer.fleet_run import (
     log_placement,
     with_advice,
 )
-from analyzer.pool import CachePool, concatenated, model_labels
+from analyzer.pool import CachePool, model_labels
 from analyzer.replay import (
     Replayed,
     Replays,
     ReplaySettings,
+    joined_replays,
     joined_rows,
     replay_chunk,
     rows_only,
@@ -154,7 +155,7 @@ def stream_fleet(
         for change in changes:
             change.feed(log, models, texts)
         tables.append(rows_only(log))
-    replays = _joined_replays(fleet_chunks, trie), _joined_replays(single_chunks, trie)
+    replays = joined_replays(fleet_chunks, trie.nodes), joined_replays(single_chunks, trie.nodes)
     labels = namespace_labels() if namespace_labels else tables[-1].namespace_labels
     whole = joined_rows(tables, labels)
     lengths = whole.requests["prompt_tokens"].to_numpy()
@@ -214,10 +215,4 @@ def _unsized(log: TokenizedLog, placed: np.ndarray, sized: int, field: str) -> P
         "sizes its single instance (replicas x --capacity-tokens) before the rest of the log "
         "is read: pass --replicas with the number of replicas the log names (or raise "
         "--diagnose-tokens to hold the log whole)"
-    )
-
-
-def _joined_replays(chunks: list[dict[str, ReplayResult]], trie: PrefixTrie) -> Replays:
-    return Replays.of(
-        {name: concatenated([c[name] for c in chunks]) for name in chunks[0]}, trie.nodes
     )

@@ -113,8 +113,7 @@ def replay_log(
             replay_chunk(pool, ceiling, log.workload, model_labels(log.requests["model"]))
         )
         tables.append(rows_only(log))
-    results = {name: concatenated([chunk[name] for chunk in chunks]) for name in chunks[0]}
-    replays = Replays.of(results, ceiling.nodes)
+    replays = joined_replays(chunks, ceiling.nodes)
     labels = namespace_labels() if namespace_labels else tables[-1].namespace_labels
     whole = joined_rows(tables, labels)
     return Replayed(
@@ -139,6 +138,14 @@ def replay_all(
     tokens = int(workload.prompt_offsets[-1])
     progress.stage("replaying (tokens × caches)", (len(pool.engines) + 1) * tokens)
     return Replays.of(replay_chunk(pool, trie, workload, models, progress.advance), trie.nodes)
+
+
+def joined_replays(chunks: list[dict[str, ReplayResult]], nodes: TrieNodes) -> Replays:
+    """A streamed log's results: each chunk's replays, in order, with the nodes of the trie fed
+    them all."""
+    return Replays.of(
+        {name: concatenated([chunk[name] for chunk in chunks]) for name in chunks[0]}, nodes
+    )
 
 
 def replay_chunk(
