@@ -264,18 +264,10 @@ def encode_texts(
     first: dict[bytes, int] = {}
     for position, key in enumerate(keys):
         first.setdefault(key, position)
-    cache = (
-        _cache(cache_dir, namespace(tokenizer.fingerprint, context))
-        if cache_dir is not None
-        else None
-    )
     known: dict[bytes, np.ndarray] = {}
-    if cache is not None and first:
-        try:
-            known = cache.lookup(list(first))
-        except Exception as exc:  # the cache is an optimisation: any failure reads as a miss
-            stats.error = f"cannot read {cache.folder}: {exc}"
-        stats.damaged, cache.damaged = cache.damaged, 0
+    if cache_dir is not None:
+        known, read = cached_ids(list(first), tokenizer, cache_dir, context)
+        stats.error, stats.damaged = read.error, read.damaged
     stats.from_cache = len(known)
     missing = [key for key in first if key not in known]
     stats.tokenized = len(missing)
@@ -289,20 +281,16 @@ def encode_texts(
             )
             known.update(zip(batch, encoded, strict=True))
             progress.advance(len(batch))
-    if cache is not None and missing and stats.error is None:
-        try:
-            cache.store(missing, [known[key] for key in missing])
-            stats.stored = True
-        except Exception as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            stats.error = f"cannot write {cache.folder}: {reason}"
+    if cache_dir is not None and missing and stats.error is None:
+        wrote = store_ids(missing, [known[key] for key in missing], tokenizer, cache_dir, context)
+        stats.stored, stats.error = wrote.stored, wrote.error
     return [known[key] for key in keys], stats
 
 
 def cached_ids(
     keys: Sequence[bytes], tokenizer: Tokenizer, cache_dir: Path, context: str = ""
 ) -> tuple[dict[bytes, np.ndarray], CacheStats]:
-    """The ids on disk for ``keys`` (request keys: ``ChatRenderer.request_key``) in the
+    """The ids on disk for ``keys`` (``text_key``s, or ``ChatRenderer.request_key``s) in the
     namespace of ``tokenizer`` and ``context``; a cache that cannot be read reads as empty."""
     stats = CacheStats()
     if not keys:
@@ -324,7 +312,7 @@ def store_ids(
     cache_dir: Path,
     context: str = "",
 ) -> CacheStats:
-    """Write the ids of request keys (one file); a failure is reported, never raised."""
+    """Write the ids of ``keys`` (one file); a failure is reported, never raised."""
     stats = CacheStats()
     if not keys:
         return stats
