@@ -222,8 +222,13 @@ def _concat(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
-    offsets = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    return offsets_of(np.array([len(p) for p in parts], np.int64))
+
+
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """The offsets of runs of ``lengths`` laid out flat: ``[0, l0, l0 + l1, ...]`` (int64)."""
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
     return offsets
 
 
@@ -232,7 +237,6 @@ def _gather(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The token runs of ``indices`` (flat tokens + offsets), concatenated in that order."""
     lengths = (offsets[1:] - offsets[:-1])[indices]
-    new_offsets = np.zeros(len(indices) + 1, np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
+    new_offsets = offsets_of(lengths)
     shift = np.repeat(offsets[:-1][indices] - new_offsets[:-1], lengths)
     return tokens[np.arange(new_offsets[-1]) + shift], new_offsets

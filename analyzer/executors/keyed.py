@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cache_models.workload import Workload, _gather
+from cache_models.workload import Workload, _gather, offsets_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -142,12 +142,6 @@ class KeyedWorkload:
             arrival_s=self.arrival_s,
             **{name: getattr(self, name) for name in OPTIONAL},
         )
-
-
-def offsets_of(lengths: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
 
 
 def _gathered(column: Any, rows: np.ndarray, unknown_base: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.errors import PrefixcheckError, Skip, SkipLog, StrictModeError
-from analyzer.executors.keyed import KeyedWorkload, offsets_of
+from analyzer.executors.keyed import KeyedWorkload
 from analyzer.executors.shards import (
     CACHE_COLUMNS,
     ShardMeta,
@@ -40,7 +40,7 @@ from analyzer.records import Record
 from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import load_tokenizer
 from analyzer.workload import TokenizedLog, build_workload
-from cache_models.workload import Workload
+from cache_models.workload import Workload, offsets_of
 
 REPLAY_STEP = "replaying on Ray"  # the input bar's step once the shards are read
 WORKLOAD_COLUMNS = (  # the request table's columns that are the workload's, not the log's
