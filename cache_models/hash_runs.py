@@ -1,0 +1,187 @@
+"""A hash-id trace as runs of synthetic tokens (``RunWorkload``), without expanding a token.
+
+Token ``j`` of id ``h`` is ``(h * ID_FACTOR + j * RUN_STEP) mod 2^31`` (``expand_hash_ids``, the
+loader's expansion): a block is a progression, and two different ids differ at every offset. Two
+requests' streams therefore diverge only where their ids differ (a block boundary) or where one
+stream stops inside a block. The runs of an id ``h`` are cut at every offset where some request
+that holds ``h`` has a point the replay acts at (``cut_points``): its prompt's end ``L``, ``L - 1``
+(the lookup's limit), the answer's ends ``L + n - 1`` and ``L + n``, and the end of the tokens its
+ids spell. The cuts are the same for every request that holds ``h``, so equal runs get equal ids
+(the run's index in ``RunTable``) and the contract of ``cache_models.runs`` holds.
+
+The cuts depend on every request that holds an id, so the table is built from the whole trace
+(its ids and lengths: a few bytes per block, not per token) before any replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache_models.runs import RUN_STEP, TOKEN_MASK, RunWorkload
+from cache_models.workload import Workload, offsets_of
+
+ID_FACTOR = 0x9E3779B1  # odd: h -> h * ID_FACTOR mod 2^31 is one-to-one
+
+
+@dataclass(frozen=True)
+class HashTrace:
+    """Requests of a hash-id trace as columns: each request's ids back to back (its prompt's,
+    then any ``output_hash_ids``), ``block_size`` tokens per id."""
+
+    ids: np.ndarray  # int64
+    id_offsets: np.ndarray  # int64, n + 1
+    block_size: int
+    prompt_lengths: np.ndarray  # int64, >= 1
+    output_lengths: np.ndarray  # int64, >= 1
+    known_lengths: np.ndarray  # int64: tokens the ids spell (L, or L + n with output ids)
+    namespace: np.ndarray  # int32
+    stop_finish: np.ndarray  # bool
+    arrival_s: np.ndarray | None = None
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.id_offsets) - 1
+
+    def select(self, rows: slice) -> HashTrace:
+        """The requests of ``rows`` (a step-1 slice), as a trace of their own."""
+        start, stop, _ = rows.indices(self.n_requests)
+        lo, hi = self.id_offsets[start], self.id_offsets[stop]
+        return HashTrace(
+            ids=self.ids[lo:hi],
+            id_offsets=self.id_offsets[start : stop + 1] - lo,
+            block_size=self.block_size,
+            prompt_lengths=self.prompt_lengths[start:stop],
+            output_lengths=self.output_lengths[start:stop],
+            known_lengths=self.known_lengths[start:stop],
+            namespace=self.namespace[start:stop],
+            stop_finish=self.stop_finish[start:stop],
+            arrival_s=None if self.arrival_s is None else self.arrival_s[start:stop],
+        )
+
+
+@dataclass(frozen=True)
+class RunTable:
+    """Every run of every id, sorted by (id, offset): run ``i`` is ``lengths[i]`` tokens of id
+    ``ids[i]`` from offset ``offsets[i]``; ``first_tokens[i]`` is its first synthetic token."""
+
+    ids: np.ndarray  # int64
+    offsets: np.ndarray  # int64
+    lengths: np.ndarray  # int64
+    first_tokens: np.ndarray  # int64
+    block_size: int
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.ids)
+
+
+def first_token(ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Token ``offsets`` of ids ``ids``, as ``expand_hash_ids`` makes it (int64)."""
+    h = np.asarray(ids, np.int64).astype(np.uint32).astype(np.int64)
+    return (h * ID_FACTOR + np.asarray(offsets, np.int64) * RUN_STEP) & TOKEN_MASK
+
+
+def _occurrences(trace: HashTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each id occurrence's request, block index in it and tokens it covers in the stream."""
+    counts = np.diff(trace.id_offsets)
+    request = np.repeat(np.arange(trace.n_requests, dtype=np.int64), counts)
+    block = np.arange(len(trace.ids), dtype=np.int64) - trace.id_offsets[:-1][request]
+    covered = np.minimum(trace.block_size, trace.known_lengths[request] - block * trace.block_size)
+    if len(covered) and covered.min() < 1:
+        raise ValueError("a request has more ids than its known tokens fill")
+    return request, block, covered
+
+
+def cut_points(trace: HashTrace) -> np.ndarray:
+    """Per request, the stream positions a replay acts at (int64, n x 4): ``L - 1``, ``L``,
+    ``L + n - 1`` and ``L + n``."""
+    prompt, answer = trace.prompt_lengths, trace.output_lengths
+    return np.stack([prompt - 1, prompt, prompt + answer - 1, prompt + answer], axis=1)
+
+
+def run_table(trace: HashTrace) -> RunTable:
+    """The runs of every id of ``trace``, cut where any request holding it needs a boundary."""
+    size = trace.block_size
+    request, block, covered = _occurrences(trace)
+    points = cut_points(trace)
+    # Each occurrence's own cuts: its end inside the block, and the request's points inside it.
+    starts = block * size
+    inside = (points[request] > starts[:, None]) & (points[request] < (starts + covered)[:, None])
+    cut_occ, cut_col = np.nonzero(inside)
+    cut_offsets = points[request[cut_occ], cut_col] - starts[cut_occ]
+    ends = covered < size
+    ids = np.concatenate([trace.ids, trace.ids[cut_occ], trace.ids[ends]])
+    offsets = np.concatenate(
+        [np.zeros(len(trace.ids), np.int64), cut_offsets, covered[ends]]
+    ).astype(np.int64)
+    key = np.unique(np.stack([ids, offsets], axis=1), axis=0)
+    ids, offsets = key[:, 0], key[:, 1]
+    same_next = np.append(ids[1:] == ids[:-1], False)
+    ends_at = np.where(same_next, np.append(offsets[1:], 0), size)
+    return RunTable(ids, offsets, ends_at - offsets, first_token(ids, offsets), size)
+
+
+def run_workload(
+    trace: HashTrace, table: RunTable, next_unknown: int = -1
+) -> tuple[RunWorkload, int]:
+    """``trace``'s requests as runs of ``table`` (built from a trace holding them all), and the
+    next unknown id. Tokens past the ids (an answer of unknown text) are unknown entries, cut at
+    ``L + n - 1``."""
+    request, _, covered = _occurrences(trace)
+    size = table.block_size
+    # The table rows of each occurrence: its id's runs that start before what it covers.
+    scale = size + 1
+    table_keys = table.ids * scale + table.offsets
+    lo = np.searchsorted(table_keys, trace.ids * scale)
+    hi = np.searchsorted(table_keys, trace.ids * scale + covered)
+    if (table.ids[np.minimum(lo, table.n_runs - 1)] != trace.ids).any():
+        raise ValueError("an id of the trace is not in the run table")
+    n_runs = hi - lo
+    run_owner = np.repeat(np.arange(len(lo)), n_runs)
+    first_of = offsets_of(n_runs)
+    known_runs = lo[run_owner] + (np.arange(first_of[-1]) - first_of[:-1][run_owner])
+    known_request = request[run_owner]
+    known_weights = table.lengths[known_runs]
+    # Unknown tails: [known, L + n), cut at L + n - 1.
+    prompt, answer, known = trace.prompt_lengths, trace.output_lengths, trace.known_lengths
+    end = prompt + answer
+    tail = np.maximum(0, end - known)
+    first_part = np.where(end - 1 > known, end - 1 - known, tail)
+    second_part = tail - first_part
+    unknown_weights = np.stack([first_part, second_part], axis=1).ravel()
+    unknown_request = np.repeat(np.arange(trace.n_requests, dtype=np.int64), 2)
+    keep = unknown_weights > 0
+    unknown_weights, unknown_request = unknown_weights[keep], unknown_request[keep]
+    n_unknown = len(unknown_weights)
+    unknown_ids = next_unknown - np.arange(n_unknown, dtype=np.int64)
+    # Each request's known runs, then its unknown entries.
+    entry_request = np.concatenate([known_request, unknown_request])
+    order = np.argsort(entry_request, kind="stable")
+    entry_ids = np.concatenate([known_runs, unknown_ids])[order]
+    weights = np.concatenate([known_weights, unknown_weights])[order]
+    entry_request = entry_request[order]
+    per_request = np.bincount(entry_request, minlength=trace.n_requests)
+    request_start = offsets_of(per_request)
+    positions = offsets_of(weights)[:-1]
+    position_in_request = positions - offsets_of(weights)[request_start[:-1]][entry_request]
+    in_prompt = position_in_request < prompt[entry_request]
+    prompt_counts = np.bincount(entry_request[in_prompt], minlength=trace.n_requests)
+    output_counts = per_request - prompt_counts
+    runs = Workload(
+        prompt_tokens=entry_ids[in_prompt].astype(np.int32),
+        prompt_offsets=offsets_of(prompt_counts),
+        output_tokens=entry_ids[~in_prompt].astype(np.int32),
+        output_offsets=offsets_of(output_counts),
+        namespace=np.asarray(trace.namespace, np.int32),
+        stop_finish=np.asarray(trace.stop_finish, bool),
+        arrival_s=trace.arrival_s,
+    )
+    workload = RunWorkload(
+        runs,
+        weights[in_prompt].astype(np.int32),
+        weights[~in_prompt].astype(np.int32),
+        table.first_tokens,
+    )
+    return workload, next_unknown - n_unknown

@@ -1,0 +1,132 @@
+"""Run-length workloads: a request stream whose entries each stand for a run of tokens.
+
+A hash-id trace names one id per block of ``T`` tokens (Mooncake: 512), and its synthetic tokens
+(``analyzer.loaders.hash_trace``) only ever diverge where an id changes or where a request's
+stream ends inside a block. So the replay needs one entry per run between such points, not one per
+token: ``RunWorkload`` holds those entries (``runs``, a ``Workload`` whose "tokens" are run ids)
+and each entry's length in tokens (``prompt_weights`` / ``output_weights``).
+
+The contract every run-length replay relies on, kept by the builder (``cache_models.hash_runs``):
+
+- Equal ids >= 0 are equal runs (the same tokens, the same length); runs with different ids
+  differ at their first token, so a match between two entries is all of it or none of it.
+- Negative ids are unknown tokens (an answer of known length, unknown text): each entry is that
+  many unique tokens, matching nothing.
+- Every point at which a replay acts falls between two entries: each prompt's end ``L``, the last
+  token a lookup may match (``L - 1``), and the ends of what an engine caches of the answer
+  (``L + n - 1`` and ``L + n``). Block and page boundaries are *not* entry boundaries: a vLLM
+  block may start or end inside a run (its key is built from the pieces it holds).
+
+``expand`` turns a run-length workload into the token workload it stands for, so a replay of
+either gives the same per-request hits. The token at offset ``k`` of a run whose id is ``u >= 0``
+is ``first_tokens[u] + k * RUN_STEP`` modulo 2^31 (the synthetic tokens of a hash id are such a
+progression); ``first_tokens`` is the builder's table of each run's first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache_models.workload import Workload, offsets_of
+
+RUN_STEP = 0x7FEB352D  # the step between consecutive tokens of a run (mod 2^31)
+TOKEN_MASK = 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class RunWorkload:
+    """``runs``: the requests with run ids for tokens (offsets count entries); the weights: each
+    entry's tokens (int32, >= 1); ``first_tokens``: the first token of each run id >= 0."""
+
+    runs: Workload
+    prompt_weights: np.ndarray
+    output_weights: np.ndarray
+    first_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_weights) != len(self.runs.prompt_tokens) or len(
+            self.output_weights
+        ) != len(self.runs.output_tokens):
+            raise ValueError("one weight per entry")
+        if len(self.prompt_weights) and self.prompt_weights.min() < 1:
+            raise ValueError("every entry stands for at least one token")
+        if len(self.output_weights) and self.output_weights.min() < 1:
+            raise ValueError("every entry stands for at least one token")
+
+    @property
+    def n_requests(self) -> int:
+        return self.runs.n_requests
+
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        """Tokens per prompt (int64)."""
+        return _run_sums(self.prompt_weights, self.runs.prompt_offsets)
+
+    @property
+    def output_lengths(self) -> np.ndarray:
+        """Tokens per answer (int64)."""
+        return _run_sums(self.output_weights, self.runs.output_offsets)
+
+    @property
+    def prompt_tokens_total(self) -> int:
+        return int(self.prompt_weights.sum(dtype=np.int64))
+
+    def kernel_weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """The prompt and output weights as contiguous int32 arrays (one compiled version)."""
+        return (
+            np.ascontiguousarray(self.prompt_weights, np.int32),
+            np.ascontiguousarray(self.output_weights, np.int32),
+        )
+
+
+def _run_sums(weights: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per request, the sum of its entries' weights (int64)."""
+    totals = offsets_of(np.asarray(weights, np.int64))
+    return totals[offsets[1:]] - totals[offsets[:-1]]
+
+
+def expand_entries(
+    ids: np.ndarray, weights: np.ndarray, first_tokens: np.ndarray, next_unknown: int = -1
+) -> tuple[np.ndarray, int]:
+    """The tokens entries stand for (int32), and the next unknown id: a known run's tokens are
+    its progression, an unknown entry's ``w`` tokens are fresh unique negative ids."""
+    weights = np.asarray(weights, np.int64)
+    starts = offsets_of(weights)
+    total = int(starts[-1])
+    owner = np.repeat(np.arange(len(ids)), weights)
+    within = np.arange(total, dtype=np.int64) - starts[:-1][owner]
+    entry_ids = np.asarray(ids, np.int64)[owner]
+    known = entry_ids >= 0
+    tokens = np.empty(total, np.int64)
+    first = np.asarray(first_tokens, np.int64)[entry_ids[known]]
+    tokens[known] = (first + within[known] * RUN_STEP) & TOKEN_MASK
+    n_unknown = int((~known).sum())
+    tokens[~known] = next_unknown - np.arange(n_unknown, dtype=np.int64)
+    return tokens.astype(np.int32), next_unknown - n_unknown
+
+
+def expand(workload: RunWorkload, next_unknown: int = -1) -> tuple[Workload, int]:
+    """The token workload ``workload`` stands for, and the next unknown id."""
+    runs = workload.runs
+    prompts, next_unknown = expand_entries(
+        runs.prompt_tokens, workload.prompt_weights, workload.first_tokens, next_unknown
+    )
+    outputs, next_unknown = expand_entries(
+        runs.output_tokens, workload.output_weights, workload.first_tokens, next_unknown
+    )
+    expanded = Workload(
+        prompt_tokens=prompts,
+        prompt_offsets=offsets_of(workload.prompt_lengths),
+        output_tokens=outputs,
+        output_offsets=offsets_of(workload.output_lengths),
+        namespace=runs.namespace,
+        stop_finish=runs.stop_finish,
+        arrival_s=runs.arrival_s,
+        priority=runs.priority,
+        skip_prefix_lookup=runs.skip_prefix_lookup,
+        hit_limit=runs.hit_limit,
+        max_new_tokens=runs.max_new_tokens,
+    )
+    return expanded, next_unknown
