@@ -1,0 +1,143 @@
+"""Run-length workloads (``cache_models.runs``) replayed by vLLM's sequential kernel and by the
+prefix trie give, request for request, the results of replaying their token expansion.
+
+Random hash-id traces: small id spaces (ids repeat), ids chained like Mooncake's (a shared
+prefix of an earlier request, then fresh ids) or drawn unchained, partial last blocks, answers of
+1..5 tokens, some requests whose ids spell their answer too, two namespaces, skipped lookups;
+trace blocks of 8..32 tokens against engine blocks of 1, 3 and 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cache_models.config import TimeModel, VllmConfig
+from cache_models.hash_runs import HashTrace, run_table, run_workload
+from cache_models.runs import RunWorkload, expand
+from cache_models.vllm_apc import VllmPrefixCache
+from cache_models.workload import offsets_of
+
+SEEDS = range(6)
+BLOCK_SIZES = (1, 3, 16)
+CHUNK = 7  # requests per session chunk
+
+
+def random_trace(rng: np.random.Generator, n: int = 36) -> HashTrace:
+    """A hash-id trace whose ids repeat (see the module docstring)."""
+    size = int(rng.integers(8, 33))
+    chained = rng.random() < 0.6
+    rows: list[list[int]] = []
+    prompt, answer, known = [], [], []
+    fresh = 100
+    for _ in range(n):
+        length = int(rng.integers(1, 4 * size + 1))
+        n_out = int(rng.integers(1, 6))
+        spelled = length + n_out if rng.random() < 0.3 else length
+        n_ids = -(-spelled // size)
+        if chained and rows and rng.random() < 0.8:
+            parent = rows[int(rng.integers(len(rows)))]
+            shared = int(rng.integers(0, min(len(parent), n_ids) + 1))
+            ids = parent[:shared] + list(range(fresh, fresh + n_ids - shared))
+            fresh += n_ids - shared
+        else:
+            ids = [int(h) for h in rng.integers(0, 5, n_ids)]
+        rows.append(ids)
+        prompt.append(length)
+        answer.append(n_out)
+        known.append(spelled)
+    return HashTrace(
+        ids=np.array([h for ids in rows for h in ids], np.int64),
+        id_offsets=offsets_of(np.array([len(ids) for ids in rows], np.int64)),
+        block_size=size,
+        prompt_lengths=np.array(prompt, np.int64),
+        output_lengths=np.array(answer, np.int64),
+        known_lengths=np.array(known, np.int64),
+        namespace=rng.integers(0, 2, n).astype(np.int32),
+        stop_finish=rng.random(n) < 0.5,
+    )
+
+
+def with_skips(workload: RunWorkload, rng: np.random.Generator) -> RunWorkload:
+    skips = rng.random(workload.n_requests) < 0.15
+    return replace(workload, runs=replace(workload.runs, skip_prefix_lookup=skips))
+
+
+def cases():
+    for seed in SEEDS:
+        rng = np.random.default_rng(seed)
+        trace = random_trace(rng)
+        table = run_table(trace)
+        workload = with_skips(run_workload(trace, table)[0], rng)
+        yield seed, trace, table, workload
+
+
+def configs():
+    for size in BLOCK_SIZES:
+        for blocks in (None, 24, 9):
+            yield VllmConfig(
+                block_size=size, capacity_tokens=None if blocks is None else blocks * size
+            )
+
+
+def assert_same(runs, tokens) -> None:
+    np.testing.assert_array_equal(runs.hit_tokens, tokens.hit_tokens)
+    assert runs.counters.keys() == tokens.counters.keys()
+    for name, values in tokens.counters.items():
+        np.testing.assert_array_equal(runs.counters[name], values, err_msg=name)
+    assert runs.metrics == tokens.metrics
+
+
+def test_vllm_replays_runs_as_their_expansion() -> None:
+    hit_some = evicted_some = rejected_some = False
+    for _, _, _, workload in cases():
+        tokens, _ = expand(workload)
+        for config in configs():
+            runs = VllmPrefixCache(config).replay(workload)
+            assert_same(runs, VllmPrefixCache(config).replay(tokens))
+            hit_some |= bool(runs.hit_tokens.any())
+            evicted_some |= bool(runs.counters["evicted_blocks"].any())
+            rejected_some |= bool(runs.counters["rejected"].any())
+    assert hit_some and evicted_some and rejected_some  # the cases reach every path
+
+
+def test_vllm_session_of_run_chunks_is_the_token_session() -> None:
+    for _, trace, table, _ in cases():
+        for config in configs():
+            runs_session = VllmPrefixCache(config).session()
+            tokens_session = VllmPrefixCache(config).session()
+            next_run, next_token = -1, -1
+            hits = []
+            for lo in range(0, trace.n_requests, CHUNK):
+                chunk, next_run = run_workload(trace.select(slice(lo, lo + CHUNK)), table, next_run)
+                tokens, next_token = expand(chunk, next_token)
+                fed = runs_session.feed(chunk)
+                assert_same(fed, tokens_session.feed(tokens))
+                hits.append(fed.hit_tokens)
+            whole = VllmPrefixCache(config).replay(expand(run_workload(trace, table)[0])[0])
+            np.testing.assert_array_equal(np.concatenate(hits), whole.hit_tokens)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [VllmConfig(max_in_flight=2), VllmConfig(time_model=TimeModel())],
+    ids=["lock-step", "arrival-time"],
+)
+def test_vllm_runs_refused_outside_the_sequential_replay(config: VllmConfig) -> None:
+    _, _, _, workload = next(cases())
+    with pytest.raises(ValueError, match="replay sequentially"):
+        VllmPrefixCache(config).replay(workload)
+
+
+def test_vllm_runs_refused_by_the_reference_and_mixed_sessions() -> None:
+    _, _, _, workload = next(cases())
+    with pytest.raises(ValueError, match="replay sequentially"):
+        VllmPrefixCache(VllmConfig(), "reference").replay(workload)
+    with pytest.raises(ValueError, match="replay sequentially"):
+        VllmPrefixCache(VllmConfig(), "reference").session().feed(workload)
+    session = VllmPrefixCache(VllmConfig()).session()
+    session.feed(workload)
+    with pytest.raises(ValueError, match="not both"):
+        session.feed(expand(workload)[0])
