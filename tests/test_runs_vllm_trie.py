@@ -9,14 +9,19 @@ trace blocks of 8..32 tokens against engine blocks of 1, 3 and 16.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
 
+from analyzer.diagnose.dynamic import find_dynamic_content
+from analyzer.prefixes import shared_prefixes
+from cache_models.block_stream import block_stream
 from cache_models.config import TimeModel, VllmConfig
 from cache_models.hash_runs import HashTrace, run_table, run_workload
+from cache_models.prefix_trie import PrefixTrie, TrieNodes, View, unbounded_hits
 from cache_models.runs import RunWorkload, expand
+from cache_models.trie_walk import nodes_on_paths
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import offsets_of
 
@@ -141,3 +146,102 @@ def test_vllm_runs_refused_by_the_reference_and_mixed_sessions() -> None:
     session.feed(workload)
     with pytest.raises(ValueError, match="not both"):
         session.feed(expand(workload)[0])
+
+
+# ------------------------------------------------------------------------------ the prefix trie
+
+VIEWS = [View("ideal"), View("vllm", 3), View("vllm", 16), View("sglang", 1), View("sglang", 4)]
+NODE_COLUMNS = ("parent", "start", "length", "depth", "count", "first_request", "namespace")
+
+
+def assert_same_nodes(runs: TrieNodes, tokens: TrieNodes) -> None:
+    """The run trie is the token trie node for node: its columns in tokens, its store expanded."""
+    assert runs.of_runs and not tokens.of_runs
+    for name in ("parent", "length", "depth", "count", "first_request", "namespace"):
+        np.testing.assert_array_equal(getattr(runs, name), getattr(tokens, name), err_msg=name)
+    expanded = runs.expanded
+    for name in (*NODE_COLUMNS, "store"):
+        np.testing.assert_array_equal(getattr(expanded, name), getattr(tokens, name), err_msg=name)
+    for node in range(tokens.n_nodes):
+        np.testing.assert_array_equal(runs.tokens(node), tokens.tokens(node))
+
+
+def test_trie_feeds_runs_as_their_expansion() -> None:
+    for _, _, _, workload in cases():
+        tokens, _ = expand(workload)
+        runs_trie, tokens_trie = PrefixTrie(VIEWS), PrefixTrie(VIEWS)
+        for fed_runs, fed_tokens in zip(
+            runs_trie.feed(workload), tokens_trie.feed(tokens), strict=True
+        ):
+            np.testing.assert_array_equal(fed_runs, fed_tokens)
+        assert_same_nodes(runs_trie.nodes, tokens_trie.nodes)
+        np.testing.assert_array_equal(
+            PrefixTrie().replay(workload).hit_tokens, PrefixTrie().replay(tokens).hit_tokens
+        )
+        for by_runs, by_tokens in zip(
+            unbounded_hits(workload, VIEWS), unbounded_hits(tokens, VIEWS), strict=True
+        ):
+            np.testing.assert_array_equal(by_runs, by_tokens)
+        assert runs_trie.feed(workload)[0].any()  # a second pass hits
+
+
+def test_trie_fed_run_chunks_is_the_token_trie() -> None:
+    for _, trace, table, _ in cases():
+        runs_trie, tokens_trie = PrefixTrie(VIEWS), PrefixTrie(VIEWS)
+        next_run, next_token = -1, -1
+        for lo in range(0, trace.n_requests, CHUNK):
+            chunk, next_run = run_workload(trace.select(slice(lo, lo + CHUNK)), table, next_run)
+            tokens, next_token = expand(chunk, next_token)
+            for fed_runs, fed_tokens in zip(
+                runs_trie.feed(chunk), tokens_trie.feed(tokens), strict=True
+            ):
+                np.testing.assert_array_equal(fed_runs, fed_tokens)
+            assert_same_nodes(runs_trie.nodes, tokens_trie.nodes)
+        with pytest.raises(ValueError, match="not both"):
+            runs_trie.feed(tokens)
+
+
+def test_trie_consumers_read_a_run_trie_as_the_token_trie() -> None:
+    """Shared prefixes, dynamic sites, the walks of prompts down the trie and the block streams
+    of the capacity curves: the same from a trie fed runs as from one fed their expansion."""
+    found_prefixes = False
+    for _, _, _, workload in cases():
+        tokens, _ = expand(workload)
+        runs_trie, tokens_trie = PrefixTrie(), PrefixTrie()
+        runs_trie.feed(workload)
+        tokens_trie.feed(tokens)
+        by_runs, by_tokens = runs_trie.nodes, tokens_trie.nodes
+        prefixes = shared_prefixes(by_runs, top=20)
+        expected = shared_prefixes(by_tokens, top=20)
+        assert len(prefixes) == len(expected)
+        for got, want in zip(prefixes, expected, strict=True):
+            assert asdict(got).keys() == asdict(want).keys()
+            assert [got.node, got.length, got.requests, got.first_request] == [
+                want.node,
+                want.length,
+                want.requests,
+                want.first_request,
+            ]
+            assert got.shared_beyond_parent == want.shared_beyond_parent
+            np.testing.assert_array_equal(got.tokens, want.tokens)
+        found_prefixes |= bool(prefixes)
+        marked = by_tokens.count >= 2
+        for got, want in zip(
+            nodes_on_paths(by_runs, tokens, marked),
+            nodes_on_paths(by_tokens, tokens, marked),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(got, want)
+        sites, spans = find_dynamic_content(by_runs, tokens, 4, None)
+        want_sites, want_spans = find_dynamic_content(by_tokens, tokens, 4, None)
+        assert [(s.node, s.divergence, s.start, s.kind) for s in sites] == [
+            (s.node, s.divergence, s.start, s.kind) for s in want_sites
+        ]
+        np.testing.assert_array_equal(spans.request, want_spans.request)
+        cached = tokens.prompt_lengths + tokens.output_lengths - 1
+        for size in BLOCK_SIZES:
+            got_stream = block_stream(by_runs, tokens, size, cached)
+            want_stream = block_stream(by_tokens, tokens, size, cached)
+            np.testing.assert_array_equal(got_stream.items, want_stream.items)
+            assert got_stream.n_items == want_stream.n_items
+    assert found_prefixes
