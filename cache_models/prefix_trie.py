@@ -81,15 +81,18 @@ class TrieNodes:
     def tokens(self, node: int) -> np.ndarray:
         """The token sequence from the root to the end of ``node``."""
         span = self.length if self.span is None else self.span
-        parts = []
+        edges = []
         while self.parent[node] > 0:
-            parts.append(np.arange(self.start[node], self.start[node] + span[node]))
+            edges.append(slice(self.start[node], self.start[node] + span[node]))
             node = int(self.parent[node])
-        at = np.concatenate(parts[::-1]) if parts else np.zeros(0, np.int64)
+        if not edges:
+            return np.zeros(0, np.int32)
+        store = np.concatenate([self.store[edge] for edge in edges[::-1]])
         if self.span is None:
-            return self.store[at]
+            return store
         assert self.store_weights is not None and self.first_tokens is not None
-        return expand_entries(self.store[at], self.store_weights[at], self.first_tokens)[0]
+        weights = np.concatenate([self.store_weights[edge] for edge in edges[::-1]])
+        return expand_entries(store, weights, self.first_tokens)[0]
 
     @cached_property
     def expanded(self) -> TrieNodes:
