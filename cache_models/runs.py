@@ -25,11 +25,12 @@ progression); ``first_tokens`` is the builder's table of each run's first token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from cache_models.workload import Workload, offsets_of
+from cache_models.workload import Workload, concat_workloads, gather, offsets_of
 
 RUN_STEP = 0x7FEB352D  # the step between consecutive tokens of a run (mod 2^31)
 TOKEN_MASK = 0x7FFFFFFF
@@ -70,8 +71,24 @@ class RunWorkload:
         return _run_sums(self.output_weights, self.runs.output_offsets)
 
     @property
-    def prompt_tokens_total(self) -> int:
+    def arrival_s(self) -> np.ndarray | None:
+        return self.runs.arrival_s
+
+    @property
+    def prompt_token_count(self) -> int:
+        """Prompt tokens of all the requests."""
         return int(self.prompt_weights.sum(dtype=np.int64))
+
+    def select(self, indices: np.ndarray) -> RunWorkload:
+        """The requests at ``indices``, in that order."""
+        indices = np.asarray(indices, np.int64)
+        runs = self.runs
+        return RunWorkload(
+            runs.select(indices),
+            gather(self.prompt_weights, runs.prompt_offsets, indices)[0].astype(np.int32),
+            gather(self.output_weights, runs.output_offsets, indices)[0].astype(np.int32),
+            self.first_tokens,
+        )
 
     def kernel_weights(self) -> tuple[np.ndarray, np.ndarray]:
         """The prompt and output weights as contiguous int32 arrays (one compiled version)."""
@@ -130,3 +147,18 @@ def expand(workload: RunWorkload, next_unknown: int = -1) -> tuple[Workload, int
         max_new_tokens=runs.max_new_tokens,
     )
     return expanded, next_unknown
+
+
+def concat_runs(parts: Sequence[RunWorkload]) -> RunWorkload:
+    """Consecutive run-length chunks of one log (one run table) as one."""
+    return RunWorkload(
+        concat_workloads([p.runs for p in parts]),
+        np.concatenate([p.prompt_weights for p in parts]),
+        np.concatenate([p.output_weights for p in parts]),
+        parts[0].first_tokens,
+    )
+
+
+def as_tokens(workload: Workload | RunWorkload) -> Workload:
+    """``workload`` as tokens: a run-length one expanded, a token one as it is."""
+    return expand(workload)[0] if isinstance(workload, RunWorkload) else workload
