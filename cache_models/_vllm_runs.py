@@ -103,13 +103,16 @@ def replay_sequential(
     block_size: int,
     width: int,
     tally: np.ndarray,
+    first: int,
+    stop: int,
 ) -> Pool:
-    """Each runnable request in turn: lookup, scheduled whole, freed (see the module docstring);
-    ``prompt_lengths`` / ``output_lengths`` in tokens, ``width`` the most blocks one holds."""
+    """Requests ``first..stop-1``, each runnable one in turn: lookup, scheduled whole, freed (see
+    the module docstring); ``prompt_lengths`` / ``output_lengths`` in tokens, ``width`` the most
+    blocks one holds."""
     slots = kernel.new_slots(1, width)
     s = 0
     table, keys = slots.tables[s], slots.keys[s]
-    for r in range(len(runnable)):
+    for r in range(first, stop):
         if not runnable[r]:
             continue
         prompt_len = prompt_lengths[r]

@@ -75,7 +75,9 @@ from cache_models._vllm_reference import COUNTERS, NO_BUDGET, ReferenceReplay
 from cache_models.config import VllmConfig
 from cache_models.result import ReplayResult
 from cache_models.runs import RunWorkload
-from cache_models.workload import Workload
+from cache_models.workload import Workload, offsets_of
+
+MIN_SLICE_BLOCKS = 1 << 16  # the fewest peak blocks a slice of a run-length replay may hold
 
 Implementation = Literal["fast", "reference"]  # the numba kernel or the readable reference
 
@@ -132,7 +134,7 @@ class VllmSession:
             _check_runs(self.config, "reference" if self.reference is not None else "fast")
         self.runs = runs
         if runs:
-            result, self.pool = _replay_runs(self.config, chunk, self.pool, room_ahead=True)
+            result, self.pool = _replay_runs(self.config, chunk, self.pool)
             return result
         if self.reference is not None:
             return _reference_result(self.reference, chunk)
@@ -212,17 +214,20 @@ def _counters(tally: np.ndarray, runnable: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _replay_runs(
-    config: VllmConfig, workload: RunWorkload, pool: kernel.Pool | None, room_ahead: bool = False
+    config: VllmConfig, workload: RunWorkload, pool: kernel.Pool | None
 ) -> tuple[ReplayResult, kernel.Pool]:
-    """The sequential replay of a run-length workload (``_vllm_runs``), as ``_replay_fast``."""
+    """The sequential replay of a run-length workload (``_vllm_runs``) from ``pool`` (None: an
+    empty cache), in slices of requests whose peak blocks fit the pool's size: before each, the
+    pool grows here (numpy's huge pages, about twice as fast on the map's random probes as the
+    kernel's own growth), at most doubling, so memory follows the blocks kept."""
     size = config.block_size
     peaks = _peak_blocks(workload, size)
-    pool, runnable = _empty_or_grown(config, peaks, pool, room_ahead)
+    pool, runnable = _empty_or_grown(config, peaks, pool, room_ahead=False)
+    held = offsets_of(np.where(runnable, peaks, 0))
     tally = np.zeros((6, workload.n_requests), np.int64)
     runs = workload.runs
     prompt_weights, output_weights = workload.kernel_weights()
-    pool = run_kernel.replay_sequential(
-        pool,
+    arrays = (
         np.ascontiguousarray(runs.prompt_tokens, np.int32),
         prompt_weights,
         np.ascontiguousarray(runs.prompt_offsets, np.int64),
@@ -238,6 +243,13 @@ def _replay_runs(
         max(1, int(peaks[runnable].max(initial=0))),
         tally,
     )
+    first = 0
+    while first < workload.n_requests:
+        bound = held[first] + max(len(pool.key), MIN_SLICE_BLOCKS)
+        stop = max(first + 1, int(np.searchsorted(held, bound, "right")) - 1)
+        pool = kernel.with_room(pool, int(held[stop] - held[first]))
+        pool = run_kernel.replay_sequential(pool, *arrays, first, stop)
+        first = stop
     return _result(tally[kernel.HIT], _counters(tally, runnable), size, workload), pool
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from analyzer.diagnose.dynamic import find_dynamic_content
 from analyzer.prefixes import shared_prefixes
+from cache_models import vllm_apc
 from cache_models.block_stream import block_stream
 from cache_models.config import TimeModel, VllmConfig
 from cache_models.hash_runs import HashTrace, run_table, run_workload
@@ -106,6 +107,26 @@ def test_vllm_replays_runs_as_their_expansion() -> None:
             evicted_some |= bool(runs.counters["evicted_blocks"].any())
             rejected_some |= bool(runs.counters["rejected"].any())
     assert hit_some and evicted_some and rejected_some  # the cases reach every path
+
+
+def test_vllm_run_replay_in_slices_is_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole replay grows the pool between slices of requests: slices as small as the pool
+    allows give the results of one pass."""
+    calls = []
+    kernel = vllm_apc.run_kernel.replay_sequential
+    monkeypatch.setattr(vllm_apc, "MIN_SLICE_BLOCKS", 1)
+    monkeypatch.setattr(
+        vllm_apc.run_kernel, "replay_sequential", lambda *args: calls.append(1) or kernel(*args)
+    )
+    for _, _, _, workload in cases():
+        tokens, _ = expand(workload)
+        for config in configs():
+            calls.clear()
+            assert_same(
+                VllmPrefixCache(config).replay(workload), VllmPrefixCache(config).replay(tokens)
+            )
+            if config.block_size == 1 and config.capacity_tokens is None:
+                assert len(calls) > 1
 
 
 def test_vllm_session_of_run_chunks_is_the_token_session() -> None:
