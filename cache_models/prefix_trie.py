@@ -94,13 +94,15 @@ class TrieNodes:
         weights = np.concatenate([self.store_weights[edge] for edge in edges[::-1]])
         return expand_entries(store, weights, self.first_tokens)[0]
 
-    @cached_property
+    @property
     def expanded(self) -> TrieNodes:
         """The trie as fed tokens: itself, or a trie fed runs with its store expanded (the token
         trie of the expansion, node for node; memory per distinct token, made once). What walks
         the store against a workload's tokens reads (``trie_walk``, ``block_stream``)."""
-        if self.span is None:
-            return self
+        return self if self.span is None else self._expanded_runs
+
+    @cached_property
+    def _expanded_runs(self) -> TrieNodes:
         assert self.store_weights is not None and self.first_tokens is not None
         store, _ = expand_entries(self.store, self.store_weights, self.first_tokens)
         return TrieNodes(

@@ -26,7 +26,7 @@ from cache_models.trie_walk import nodes_on_paths
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import offsets_of
 
-SEEDS = range(6)
+SEEDS = range(10)
 BLOCK_SIZES = (1, 3, 16)
 CHUNK = 7  # requests per session chunk
 
@@ -66,9 +66,14 @@ def random_trace(rng: np.random.Generator, n: int = 36) -> HashTrace:
     )
 
 
-def with_skips(workload: RunWorkload, rng: np.random.Generator) -> RunWorkload:
-    skips = rng.random(workload.n_requests) < 0.15
-    return replace(workload, runs=replace(workload.runs, skip_prefix_lookup=skips))
+def with_request_flags(workload: RunWorkload, rng: np.random.Generator) -> RunWorkload:
+    """Some requests skip vLLM's lookup, some stop on their last allowed token (``max_tokens``
+    reached: no stop for SGLang's overlap loop)."""
+    n = workload.n_requests
+    skips = rng.random(n) < 0.15
+    limits = np.where(rng.random(n) < 0.3, workload.output_lengths, -1)
+    runs = replace(workload.runs, skip_prefix_lookup=skips, max_new_tokens=limits)
+    return replace(workload, runs=runs)
 
 
 def cases():
@@ -76,7 +81,7 @@ def cases():
         rng = np.random.default_rng(seed)
         trace = random_trace(rng)
         table = run_table(trace)
-        workload = with_skips(run_workload(trace, table)[0], rng)
+        workload = with_request_flags(run_workload(trace, table)[0], rng)
         yield seed, trace, table, workload
 
 
