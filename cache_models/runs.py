@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from cache_models.workload import Workload, concat_workloads, gather, offsets_of
 
@@ -109,19 +110,38 @@ def expand_entries(
 ) -> tuple[np.ndarray, int]:
     """The tokens entries stand for (int32), and the next unknown id: a known run's tokens are
     its progression, an unknown entry's ``w`` tokens are fresh unique negative ids."""
-    weights = np.asarray(weights, np.int64)
-    starts = offsets_of(weights)
-    total = int(starts[-1])
-    owner = np.repeat(np.arange(len(ids)), weights)
-    within = np.arange(total, dtype=np.int64) - starts[:-1][owner]
-    entry_ids = np.asarray(ids, np.int64)[owner]
-    known = entry_ids >= 0
-    tokens = np.empty(total, np.int64)
-    first = np.asarray(first_tokens, np.int64)[entry_ids[known]]
-    tokens[known] = (first + within[known] * RUN_STEP) & TOKEN_MASK
-    n_unknown = int((~known).sum())
-    tokens[~known] = next_unknown - np.arange(n_unknown, dtype=np.int64)
-    return tokens.astype(np.int32), next_unknown - n_unknown
+    weights = np.ascontiguousarray(weights, np.int64)
+    tokens = np.empty(int(weights.sum()), np.int32)
+    next_unknown = _expand(
+        np.ascontiguousarray(ids, np.int64),
+        weights,
+        np.ascontiguousarray(first_tokens, np.int64),
+        next_unknown,
+        tokens,
+    )
+    return tokens, next_unknown
+
+
+@njit(cache=True, nogil=True)
+def _expand(
+    ids: np.ndarray, weights: np.ndarray, first_tokens: np.ndarray, unknown: int, out: np.ndarray
+) -> int:
+    """Write the tokens of each entry into ``out``; returns the next unknown id."""
+    at = 0
+    for e in range(len(ids)):
+        run, width = ids[e], weights[e]
+        if run >= 0:
+            token = first_tokens[run]
+            for _ in range(width):
+                out[at] = token
+                token = (token + RUN_STEP) & TOKEN_MASK
+                at += 1
+        else:
+            for _ in range(width):
+                out[at] = unknown
+                unknown -= 1
+                at += 1
+    return unknown
 
 
 def expand(workload: RunWorkload, next_unknown: int = -1) -> tuple[Workload, int]:
