@@ -49,7 +49,8 @@ COUNTERS = ("evicted_tokens", "inserted_tokens", "node_splits", "rejected")
 # Columns of Tree.nodes. VERSION is the node's current heap version, -1 for an unused row.
 PARENT, N_CHILDREN, KEY_START, KEY_LEN, NAMESPACE, LOCK_REF, HIT_COUNT, PRIORITY, VERSION = range(9)
 DEPTH, HISTORY = 9, 10  # tlru: tokens from the root through the node; the branch's deepest depth
-N_NODE_COLUMNS = 11
+KEY_TOKENS = 11  # the tokens the key stands for (KEY_LEN for tokens, its runs' weights for runs)
+N_NODE_COLUMNS = 12
 # Columns of Tree.times (SGLang's logical clock).
 LAST_ACCESS, CREATION = 0, 1
 # Columns of Tree.table (the child map) and Tree.heap_refs.
@@ -129,7 +130,9 @@ def _tick(t: Tree) -> float:
 
 
 @njit(cache=True, error_model="numpy")
-def _new_node(t: Tree, parent: int, ns: int, start: int, length: int, priority: int) -> int:
+def _new_node(
+    t: Tree, parent: int, ns: int, start: int, length: int, tokens: int, priority: int
+) -> int:
     top = t.ints[FREE_TOP] - 1
     t.ints[FREE_TOP] = top
     n = t.free_ids[top]
@@ -137,6 +140,7 @@ def _new_node(t: Tree, parent: int, ns: int, start: int, length: int, priority: 
     t.nodes[n, N_CHILDREN] = 0
     t.nodes[n, KEY_START] = start
     t.nodes[n, KEY_LEN] = length
+    t.nodes[n, KEY_TOKENS] = tokens
     t.nodes[n, NAMESPACE] = ns
     t.nodes[n, LOCK_REF] = 0
     t.nodes[n, HIT_COUNT] = 0
@@ -289,7 +293,7 @@ def _eviction_key(t: Tree, n: int, policy: int) -> tuple[float, float]:
         return (1.0 if t.nodes[n, HIT_COUNT] >= t.ints[SLRU_THRESHOLD] else 0.0), lat
     if policy == TLRU:  # TLRUStrategy: tail-safe nodes (-1) go first, then LRU
         budget = max(t.nodes[n, HISTORY] - t.ints[TLRU_TAIL], 0)
-        return (-1.0 if t.nodes[n, DEPTH] - t.nodes[n, KEY_LEN] >= budget else 0.0), lat
+        return (-1.0 if t.nodes[n, DEPTH] - t.nodes[n, KEY_TOKENS] >= budget else 0.0), lat
     return lat, lat
 
 
@@ -359,6 +363,39 @@ def _pop_leaf(t: Tree) -> int:
 
 
 # -- tree operations ------------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy", inline="always")
+def _at(cum: np.ndarray, k: int) -> int:
+    """The token position of entry position ``k`` in the request's buffer: ``cum[k]`` (its
+    entries' weights summed) for runs, ``k`` itself for tokens (``cum`` empty)."""
+    if len(cum) == 0:
+        return k
+    return cum[k]
+
+
+@njit(cache=True, error_model="numpy")
+def _run_positions(
+    cum: np.ndarray,
+    prompt_weights: np.ndarray,
+    p0: int,
+    p1: int,
+    output_weights: np.ndarray,
+    o0: int,
+    o1: int,
+) -> None:
+    """``cum[k]``: the tokens of the request's first ``k`` entries (its prompt's, then its
+    answer's)."""
+    total, k = np.int64(0), 0
+    cum[0] = 0
+    for j in range(p0, p1):
+        total += prompt_weights[j]
+        k += 1
+        cum[k] = total
+    for j in range(o0, o1):
+        total += output_weights[j]
+        k += 1
+        cum[k] = total
+
+
 @njit(cache=True, error_model="numpy")
 def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: int) -> int:
     start, limit = t.nodes[n, KEY_START], min(t.nodes[n, KEY_LEN], end - off)
@@ -369,8 +406,9 @@ def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: i
 
 
 @njit(cache=True, error_model="numpy")
-def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
-    """Cut ``child`` after ``split_len`` tokens; the new parent inherits its stats and slot."""
+def _split(t: Tree, child: int, split_len: int, split_tokens: int, ps: int, policy: int) -> int:
+    """Cut ``child`` after ``split_len`` entries (``split_tokens`` tokens); the new parent
+    inherits its stats and slot."""
     slot = _slot_of(t, child, ps)
     new = _new_node(
         t,
@@ -378,17 +416,19 @@ def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
         t.nodes[child, NAMESPACE],
         t.nodes[child, KEY_START],
         split_len,
+        split_tokens,
         t.nodes[child, PRIORITY],
     )
     t.times[new, CREATION] = t.times[child, CREATION]
     t.nodes[new, HIT_COUNT] = t.nodes[child, HIT_COUNT]
-    t.nodes[new, DEPTH] = t.nodes[t.nodes[child, PARENT], DEPTH] + split_len
+    t.nodes[new, DEPTH] = t.nodes[t.nodes[child, PARENT], DEPTH] + split_tokens
     t.nodes[new, HISTORY] = t.nodes[child, HISTORY]
     t.nodes[new, LOCK_REF] = t.nodes[child, LOCK_REF]
     t.nodes[new, N_CHILDREN] = 1
     t.table[slot, SLOT_NODE] = new
     t.nodes[child, KEY_START] += split_len
     t.nodes[child, KEY_LEN] -= split_len
+    t.nodes[child, KEY_TOKENS] -= split_tokens
     t.nodes[child, PARENT] = new
     _add_child(t, child, ps)
     t.times[child, LAST_ACCESS] = _tick(t)
@@ -399,8 +439,11 @@ def _split(t: Tree, child: int, split_len: int, ps: int, policy: int) -> int:
 
 
 @njit(cache=True, error_model="numpy")
-def _match(t: Tree, tokens: np.ndarray, length: int, ns: int, ps: int, policy: int):
-    """Longest cached prefix of tokens[:length] in whole pages; stamps the path (match_prefix)."""
+def _match(
+    t: Tree, tokens: np.ndarray, cum: np.ndarray, length: int, ns: int, ps: int, policy: int
+):
+    """Longest cached prefix of tokens[:length] in whole pages (entries, for runs); stamps the
+    path (match_prefix)."""
     length = length // ps * ps
     if length == 0:
         return 0, ROOT
@@ -412,7 +455,8 @@ def _match(t: Tree, tokens: np.ndarray, length: int, ns: int, ps: int, policy: i
         common = _common_pages(t, child, tokens, matched, length, ps)
         diverged = common < t.nodes[child, KEY_LEN]
         if diverged:
-            child = _split(t, child, common, ps, policy)
+            split_tokens = _at(cum, matched + common) - _at(cum, matched)
+            child = _split(t, child, common, split_tokens, ps, policy)
         matched += common
         node = child
         if diverged:
@@ -431,6 +475,7 @@ def _match(t: Tree, tokens: np.ndarray, length: int, ns: int, ps: int, policy: i
 def _insert(
     t: Tree,
     tokens: np.ndarray,
+    cum: np.ndarray,
     length: int,
     ns: int,
     prev_prefix_len: int,
@@ -439,7 +484,8 @@ def _insert(
     ps: int,
     policy: int,
 ):
-    """Insert tokens[:length] (page-aligned); returns (last node, duplicates, new leaf tokens)."""
+    """Insert tokens[:length] (page-aligned; entries for runs, positions compare as entries);
+    returns (last node, duplicate tokens, new leaf tokens)."""
     t.times[ROOT, LAST_ACCESS] = _tick(t)
     t.nodes[ROOT, PRIORITY] = max(t.nodes[ROOT, PRIORITY], priority)
     node, matched, duplicates = np.int64(ROOT), np.int64(0), np.int64(0)
@@ -454,9 +500,12 @@ def _insert(
             common = _common_pages(t, child, tokens, matched, length, ps)
         diverged = common < t.nodes[child, KEY_LEN]
         if diverged:
-            child = _split(t, child, common, ps, policy)
+            split_tokens = _at(cum, matched + common) - _at(cum, matched)
+            child = _split(t, child, common, split_tokens, ps, policy)
         t.nodes[child, PRIORITY] = max(t.nodes[child, PRIORITY], priority)
-        duplicates += common - min(common, max(0, prev_prefix_len - matched))
+        unlocked = max(matched, prev_prefix_len)  # what lies past the caller's locked path
+        if matched + common > unlocked:
+            duplicates += _at(cum, matched + common) - _at(cum, unlocked)
         matched += common
         if matched > inserted_len:
             t.nodes[child, HIT_COUNT] += 1
@@ -468,10 +517,11 @@ def _insert(
         return node, duplicates, 0
     top = t.ints[ARENA_TOP]
     new_len = length - matched
+    new_tokens = _at(cum, length) - _at(cum, matched)
     t.arena[top : top + new_len] = tokens[matched:length]
     t.ints[ARENA_TOP] = top + new_len
-    leaf = _new_node(t, node, ns, top, new_len, priority)
-    depth = t.nodes[node, DEPTH] + new_len
+    leaf = _new_node(t, node, ns, top, new_len, new_tokens, priority)
+    depth = t.nodes[node, DEPTH] + new_tokens
     t.nodes[leaf, DEPTH] = depth
     t.nodes[leaf, HISTORY] = depth
     if policy == TLRU:  # raise the branch's high-water mark (only tlru reads it)
@@ -481,20 +531,20 @@ def _insert(
             up = t.nodes[up, PARENT]
     t.nodes[node, N_CHILDREN] += 1
     _add_child(t, leaf, ps)
-    t.ints[EVICTABLE] += new_len
+    t.ints[EVICTABLE] += new_tokens
     if length > inserted_len:
         t.nodes[leaf, HIT_COUNT] += 1
     _refresh(t, leaf, policy)
     _refresh(t, node, policy)
-    return leaf, duplicates, new_len
+    return leaf, duplicates, new_tokens
 
 
 @njit(cache=True, error_model="numpy")
 def _lock(t: Tree, n: int, policy: int) -> None:
     while n != ROOT:
         if t.nodes[n, LOCK_REF] == 0:
-            t.ints[EVICTABLE] -= t.nodes[n, KEY_LEN]
-            t.ints[PROTECTED] += t.nodes[n, KEY_LEN]
+            t.ints[EVICTABLE] -= t.nodes[n, KEY_TOKENS]
+            t.ints[PROTECTED] += t.nodes[n, KEY_TOKENS]
             t.nodes[n, LOCK_REF] = 1
             _refresh(t, n, policy)
         else:
@@ -507,8 +557,8 @@ def _unlock(t: Tree, n: int, policy: int) -> None:
     while n != ROOT:
         t.nodes[n, LOCK_REF] -= 1
         if t.nodes[n, LOCK_REF] == 0:
-            t.ints[EVICTABLE] += t.nodes[n, KEY_LEN]
-            t.ints[PROTECTED] -= t.nodes[n, KEY_LEN]
+            t.ints[EVICTABLE] += t.nodes[n, KEY_TOKENS]
+            t.ints[PROTECTED] -= t.nodes[n, KEY_TOKENS]
             _refresh(t, n, policy)
         n = t.nodes[n, PARENT]
 
@@ -525,7 +575,7 @@ def _evict_to(t: Tree, need: int, bounded: bool, ps: int, policy: int) -> None:
         parent = t.nodes[leaf, PARENT]
         t.table[_slot_of(t, leaf, ps), SLOT_NODE] = TOMB
         t.nodes[parent, N_CHILDREN] -= 1
-        size = t.nodes[leaf, KEY_LEN]
+        size = t.nodes[leaf, KEY_TOKENS]
         t.ints[EVICTABLE] -= size
         t.ints[POOL_FREE] += size
         t.ints[EVICTED] += size
@@ -543,6 +593,7 @@ def _take(t: Tree, tokens: int, bounded: bool) -> None:
 def _checkpoint(
     t: Tree,
     tokens: np.ndarray,
+    cum: np.ndarray,
     up_to: int,
     prompt_len: int,
     ns: int,
@@ -560,13 +611,13 @@ def _checkpoint(
         return node, protected, inserted, 0
     length = up_to // ps * ps
     last, duplicates, new_tokens = _insert(
-        t, tokens, length, ns, protected, inserted, priority, ps, policy
+        t, tokens, cum, length, ns, protected, inserted, priority, ps, policy
     )
     _take(t, -duplicates, bounded)
     prompt_pages = prompt_len // ps * ps
     if 0 < prompt_pages < length:
         split = rules.sglang_split_priority(priority)
-        _insert(t, tokens, prompt_pages, ns, prompt_pages, prompt_pages, split, ps, policy)
+        _insert(t, tokens, cum, prompt_pages, ns, prompt_pages, prompt_pages, split, ps, policy)
     _unlock(t, node, policy)
     _lock(t, last, policy)
     return last, length, max(inserted, length), new_tokens
@@ -618,6 +669,8 @@ def replay_sequential(
     prompt_offsets: np.ndarray,
     output_tokens: np.ndarray,
     output_offsets: np.ndarray,
+    prompt_weights: np.ndarray,
+    output_weights: np.ndarray,
     namespace: np.ndarray,
     stop_finish: np.ndarray,
     priority: np.ndarray,
@@ -636,18 +689,31 @@ def replay_sequential(
     splits: np.ndarray,
     rejected: np.ndarray,
     buf: np.ndarray,
+    cum: np.ndarray,
 ) -> int:
     """Replay requests from ``first`` on, one after another; returns where it stopped (the
-    number of requests when done, else a request that needs more node rows or arena)."""
+    number of requests when done, else a request that needs more node rows or arena).
+
+    Runs (``cum`` holds room for the longest request's entries + 1; else it is empty): the
+    "tokens" are run ids, each entry stands for its weight in tokens, and the caller
+    (``sglang_radix._run_inputs``) checked what this relies on: page size 1, no chunked prefill,
+    no hit limit, and one-token last entries where the match limit (L - 1) and a decode that
+    leaves the last output out (L + N - 1) cut."""
     ps = page_size
+    runs = len(cum) > 0
     n_requests = len(prompt_offsets) - 1
     for i in range(first, n_requests):
         p0, p1 = prompt_offsets[i], prompt_offsets[i + 1]
         o0, o1 = output_offsets[i], output_offsets[i + 1]
-        prompt_len, n_out = p1 - p0, o1 - o0
-        steps = rules.sglang_kv_steps(n_out, stop_finish[i], overlap)
-        final_len = prompt_len + steps
-        if rules.never_fits(final_len, ps, capacity_pages if bounded else -1):
+        prompt_len, n_out = p1 - p0, o1 - o0  # entries (tokens, unless runs)
+        if runs:
+            _run_positions(cum, prompt_weights, p0, p1, output_weights, o0, o1)
+        prompt_tokens_in = _at(cum, prompt_len)
+        output_tokens_in = _at(cum, prompt_len + n_out) - prompt_tokens_in
+        steps = rules.sglang_kv_steps(output_tokens_in, stop_finish[i], overlap)
+        final_tokens = prompt_tokens_in + steps
+        final_len = prompt_len + n_out - (output_tokens_in - steps)  # N or N - 1 outputs
+        if rules.never_fits(final_tokens, ps, capacity_pages if bounded else -1):
             rejected[i] = 1
             continue
         room = len(t.arena) - t.ints[ARENA_TOP]
@@ -659,23 +725,36 @@ def replay_sequential(
         evicted_before, splits_before = t.ints[EVICTED], t.ints[SPLITS]
         if refresh:
             if t.ints[PASSES] % 32 == 0:
-                _match(t, buf, prompt_len, ns, ps, policy)
+                _match(t, buf, cum, prompt_len, ns, ps, policy)
             t.ints[PASSES] += 1
+        # L - 1 entries for runs (no hit limit; the prompt's last entry is one token)
         limit = rules.sglang_match_limit(prompt_len, hit_limit[i])
-        matched, node = _match(t, buf, limit, ns, ps, policy)
+        matched, node = _match(t, buf, cum, limit, ns, ps, policy)
         prio = priority[i]
-        hit[i] = matched
+        hit[i] = _at(cum, matched)
         _lock(t, node, policy)
         protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
         start, is_first = matched, True
         while True:  # prefill chunks (PrefillAdder)
             end = rules.chunk_end(start, prompt_len, chunk, ps, is_first)
             is_first = False
-            _alloc_extend(t, start, end, bounded, ps, policy)
+            _alloc_extend(t, _at(cum, start), _at(cum, end), bounded, ps, policy)
             if end >= prompt_len:
                 break
             node, protected, inserted, added = _checkpoint(
-                t, buf, end, prompt_len, ns, node, protected, inserted, prio, bounded, ps, policy
+                t,
+                buf,
+                cum,
+                end,
+                prompt_len,
+                ns,
+                node,
+                protected,
+                inserted,
+                prio,
+                bounded,
+                ps,
+                policy,
             )
             new_tokens += added
             start = end
@@ -683,6 +762,7 @@ def replay_sequential(
             node, protected, inserted, added = _checkpoint(
                 t,
                 buf,
+                cum,
                 prompt_len,
                 prompt_len,
                 ns,
@@ -695,12 +775,24 @@ def replay_sequential(
                 policy,
             )
             new_tokens += added
-        _decode(t, prompt_len, steps, bounded, ps, policy)
+        _decode(t, prompt_tokens_in, steps, bounded, ps, policy)
         node, protected, inserted, added = _checkpoint(
-            t, buf, final_len, prompt_len, ns, node, protected, inserted, prio, bounded, ps, policy
+            t,
+            buf,
+            cum,
+            final_len,
+            prompt_len,
+            ns,
+            node,
+            protected,
+            inserted,
+            prio,
+            bounded,
+            ps,
+            policy,
         )
         new_tokens += added
-        _take(t, -((final_len + ps - 1) // ps - protected // ps) * ps, bounded)
+        _take(t, -((final_tokens + ps - 1) // ps - _at(cum, protected) // ps) * ps, bounded)
         _unlock(t, node, policy)
         evicted[i] = t.ints[EVICTED] - evicted_before
         splits[i] = t.ints[SPLITS] - splits_before

@@ -56,6 +56,15 @@ metric. Unbounded capacity (``capacity_tokens=None``) never evicts.
 Sequential replays stream: ``session()`` keeps the tree (its clock, eviction heap, hit counts, node
 ids) and the scheduling pass count between the chunks of a log, whose results are the rows of
 replaying the whole log at once.
+
+A run-length workload (``cache_models.runs.RunWorkload``: a hash-id trace's runs of synthetic
+tokens) replays without its tokens: the tree holds run ids, keys are matched entry by entry (a
+match between entries is all or none, by the runs' contract) and everything SGLang counts in
+tokens (the pool, the evictable and protected sizes, evictions, hits, duplicates, tlru's depths)
+adds the entries' weights. Its results are those of replaying ``expand(workload)``, exactly, for
+the sequential replay at page size 1 without chunked prefill or a hit limit (every policy, the
+overlap scheduler on or off, priorities, the refresh, any capacity); anything else is refused
+(``ValueError``: expand the workload instead), since a page or a chunk may end inside a run.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ from cache_models import _sglang_kernel as kernel
 from cache_models._sglang_reference import ReferenceReplay
 from cache_models.config import SglangConfig
 from cache_models.result import ReplayResult
+from cache_models.runs import RunWorkload
 from cache_models.workload import Workload
 
 Implementation = Literal["fast", "reference"]  # the numba kernel or the readable reference
@@ -84,8 +94,11 @@ class SglangRadixCache:
         self.config = config
         self.implementation = implementation
 
-    def replay(self, workload: Workload) -> ReplayResult:
+    def replay(self, workload: Workload | RunWorkload) -> ReplayResult:
         config = self.config
+        if isinstance(workload, RunWorkload):
+            _check_runs_replay(config, self.implementation)
+            return self.session().feed(workload)
         if config.time_model is not None:
             if workload.arrival_s is None:
                 raise ValueError("a time_model replay needs Workload.arrival_s")
@@ -114,10 +127,22 @@ class SglangSession:
 
     def __init__(self, config: SglangConfig, implementation: Implementation) -> None:
         self.config = config
+        self.implementation = implementation
         self.reference = ReferenceReplay(config) if implementation == "reference" else None
         self.tree: kernel.Tree | None = None  # the fast path's tree, once fed
+        self.fed_runs: bool | None = None  # whether it was fed runs (None: not fed yet)
 
-    def feed(self, chunk: Workload) -> ReplayResult:
+    def feed(self, chunk: Workload | RunWorkload) -> ReplayResult:
+        runs = isinstance(chunk, RunWorkload)
+        if runs:
+            _check_runs_replay(self.config, self.implementation)
+        if self.fed_runs is not None and self.fed_runs != runs:
+            before, now = ("tokens", "runs") if runs else ("runs", "tokens")
+            raise ValueError(
+                f"a session replays one form of workload: fed {before}, then {now} "
+                "(expand the runs)"
+            )
+        self.fed_runs = runs
         if self.reference is not None:
             self.reference.run(chunk)
             return _reference_result(chunk, self.reference)
@@ -130,6 +155,53 @@ class SglangSession:
         return 0 if self.tree is None else sum(array.nbytes for array in self.tree)
 
 
+def _check_runs_replay(config: SglangConfig, implementation: Implementation) -> None:
+    """Refuse a run-length replay the kernel cannot give exactly (the caller then expands)."""
+    if implementation != "fast":
+        raise ValueError("run-length workloads replay in the fast kernel only: expand() them")
+    if config.max_in_flight != 1 or config.time_model is not None:
+        raise ValueError(
+            "run-length workloads replay sequentially only (max_in_flight=1, no time_model): "
+            "expand() them"
+        )
+    if config.page_size != 1:
+        raise ValueError(
+            f"run-length workloads replay at page_size 1 only (a {config.page_size}-token page "
+            "may end inside a run): expand() them"
+        )
+    if config.chunked_prefill_size != 0:
+        raise ValueError(
+            "run-length workloads replay without chunked prefill only (a chunk may end inside "
+            "a run): expand() them"
+        )
+
+
+def _run_inputs(
+    config: SglangConfig, workload: RunWorkload
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel's prompt and output weights and SGLang's stop finishes for a run-length
+    workload, after checking the boundaries the replay cuts at (``ValueError`` otherwise)."""
+    runs = workload.runs
+    if (runs.hit_limits >= 0).any():
+        raise ValueError(
+            "run-length workloads replay without a hit_limit (logprob_start_len may fall inside "
+            "a run): expand() them"
+        )
+    prompt_weights, output_weights = workload.kernel_weights()
+    stops = runs.sglang_stops_given(workload.output_lengths)
+    if (prompt_weights[runs.prompt_offsets[1:] - 1] != 1).any():
+        raise ValueError(
+            "a prompt's last entry must be one token: the match stops at L - 1 (run contract)"
+        )
+    without_last = ~(stops & config.overlap_schedule)  # decode caches N - 1 outputs
+    if (output_weights[runs.output_offsets[1:][without_last] - 1] != 1).any():
+        raise ValueError(
+            "an answer's last entry must be one token where SGLang caches N - 1 outputs "
+            "(L + N - 1, run contract)"
+        )
+    return prompt_weights, output_weights, stops
+
+
 def _reference_result(workload: Workload, replay: ReferenceReplay) -> ReplayResult:
     counters = {
         "evicted_tokens": replay.evicted,
@@ -140,7 +212,9 @@ def _reference_result(workload: Workload, replay: ReferenceReplay) -> ReplayResu
     return _result(workload, replay.hit, counters)
 
 
-def _result(workload: Workload, hit: np.ndarray, counters: dict[str, np.ndarray]) -> ReplayResult:
+def _result(
+    workload: Workload | RunWorkload, hit: np.ndarray, counters: dict[str, np.ndarray]
+) -> ReplayResult:
     served = counters["rejected"] == 0
     return ReplayResult(
         engine="sglang",
@@ -154,30 +228,43 @@ def _result(workload: Workload, hit: np.ndarray, counters: dict[str, np.ndarray]
 
 
 def _replay_fast(
-    config: SglangConfig, workload: Workload, tree: kernel.Tree | None = None
+    config: SglangConfig, workload: Workload | RunWorkload, tree: kernel.Tree | None = None
 ) -> tuple[dict[str, np.ndarray], kernel.Tree]:
     """Sequential replay from ``tree`` (None: an empty cache): the per-request hit and counters,
-    and the tree it leaves."""
+    and the tree it leaves. A run-length workload's tree holds run ids: its arena, rows and
+    buffers count entries, its pool tokens."""
     bounded = config.capacity_tokens is not None
     ps = config.page_size
     policy = kernel.POLICY_CODES[config.eviction_policy] if bounded else kernel.NO_EVICTION
     capacity_pages = config.usable_pages or 0
-    n = workload.n_requests
+    if isinstance(workload, RunWorkload):
+        entries = workload.runs
+        prompt_weights, output_weights, stops = _run_inputs(config, workload)
+    else:
+        entries = workload
+        prompt_weights = output_weights = np.zeros(0, np.int32)  # one token per entry
+        stops = workload.sglang_stop_finish
+    n = entries.n_requests
     out = {name: np.zeros(n, np.int64) for name in ("hit", *kernel.COUNTERS)}
-    lengths = workload.prompt_lengths + workload.output_lengths
+    lengths = entries.prompt_lengths + entries.output_lengths  # entries
     longest = int(lengths.max()) if n else 0
     if tree is None:
         tree = kernel.new_tree(
             kernel.INITIAL_ROWS, max(4 * longest, kernel.INITIAL_ARENA), capacity_pages * ps
         )
     buf = np.zeros(longest, np.int32)
+    cum = np.zeros(longest + 1 if len(prompt_weights) else 0, np.int64)  # empty: tokens
     tree.ints[kernel.SLRU_THRESHOLD] = config.slru_protected_threshold
     tree.ints[kernel.TLRU_TAIL] = config.tlru_threshold - config.tlru_next_prompt_estimate
+    tokens_in = entries.kernel_inputs()
     inputs = (
-        *workload.kernel_inputs()[:5],
-        workload.sglang_stop_finish,
-        workload.priorities,
-        workload.hit_limits,
+        *tokens_in[:4],
+        prompt_weights,
+        output_weights,
+        tokens_in[4],
+        stops,
+        entries.priorities,
+        entries.hit_limits,
         config.overlap_schedule,
     )
     refresh = config.waiting_prefix_refresh and config.eviction_policy == "lru"
@@ -197,14 +284,16 @@ def _replay_fast(
             out["hit"],
             *(out[name] for name in kernel.COUNTERS),
             buf,
+            cum,
         )
         if first < n:  # grow the rows or the arena, then resume at request ``first``
             rows = len(tree.nodes)
             if tree.ints[kernel.FREE_TOP] < kernel.nodes_needed(
-                int(workload.prompt_lengths[first]), chunk
+                int(entries.prompt_lengths[first]), chunk
             ):
                 rows *= 2
-            live = int(tree.ints[kernel.EVICTABLE] + tree.ints[kernel.PROTECTED])
+            in_use = tree.nodes[:, kernel.VERSION] >= 0
+            live = int(tree.nodes[in_use, kernel.KEY_LEN].sum())  # the live keys' entries
             arena = len(tree.arena)
             if 2 * (live + int(lengths[first])) > arena:
                 arena = 2 * (live + int(lengths[first]))

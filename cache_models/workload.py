@@ -137,11 +137,16 @@ class Workload:
         allowed token (``len(output) == max_new_tokens``) is no stop, since the loop skips that
         request's in-flight decode step (``Scheduler._reqs_finishing_inflight`` via
         ``Req.next_output_finishes_by_length``) and ``Req.check_finished`` ends it by length."""
+        return self.sglang_stops_given(self.output_lengths)
+
+    def sglang_stops_given(self, output_lengths: np.ndarray) -> np.ndarray:
+        """``sglang_stop_finish`` for answers of ``output_lengths`` tokens (a run-length
+        workload's entries stand for more than one token each)."""
         stops = np.ascontiguousarray(self.stop_finish, np.bool_)
         if self.max_new_tokens is None:
             return stops
         given = self.max_new_tokens_given
-        return stops & ~((given >= 0) & (self.output_lengths >= given))
+        return stops & ~((given >= 0) & (output_lengths >= given))
 
     def prompt(self, i: int) -> np.ndarray:
         return self.prompt_tokens[self.prompt_offsets[i] : self.prompt_offsets[i + 1]]
