@@ -139,6 +139,7 @@ def _trace_file(path: Path, rng: np.random.Generator) -> Path:
         (ReplaySettings(block_size=16), None, True),
         (ReplaySettings(block_size=8, capacity_tokens=600), 2000, True),
         (ReplaySettings(block_size=16, capacity_tokens=900, eviction_policy="lfu"), 1500, False),
+        (ReplaySettings(chunked_prefill_size=32, capacity_tokens=700), 1500, True),
     ],
 )
 def test_analyze_as_runs_reports_what_the_expanded_tokens_do(
@@ -160,6 +161,8 @@ def test_analyze_as_runs_reports_what_the_expanded_tokens_do(
     as_runs = analyze([log], options)
     report = as_runs.report.to_dict()
     assert report["requests"] == 90
+    # replayed as runs (the diagnosis expands its sample; without one the runs are kept)
+    assert isinstance(as_runs.tokenized.workload, RunWorkload) is not diagnose
     if diagnose:
         assert report["diagnosis_scope"]["whole_log"] is (sample is None)
     monkeypatch.setattr(pipeline, "replays_runs", lambda options, on_executor=False: False)
