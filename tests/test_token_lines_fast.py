@@ -3,13 +3,13 @@ ordinary line-by-line reader gives it."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from analyzer.loaders import load_logs, token_ids
+from analyzer.loaders import FORMATS, load_logs, token_ids
 from analyzer.loaders.id_lists import parse_id_lists
 
 LINES = [
@@ -51,7 +51,7 @@ LINES = [
 def _read(path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool) -> tuple[list, list]:
     with monkeypatch.context() as patch:
         if not fast:  # every line through the ordinary reader
-            patch.setattr(token_ids, "plain_records", lambda file, lines: [None] * len(lines))
+            patch.setitem(FORMATS, "tokens", replace(FORMATS["tokens"], batch=None))
         loaded = load_logs([path], "tokens")
     records = [
         {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in asdict(r).items()}

@@ -345,10 +345,10 @@ class ShardReader(ChunkedIngest):
         name = spec.files[0]
         log_format = MAPPED if spec.format_name == MAPPED.name else FORMATS[spec.format_name or ""]
         loaded.formats[name] = log_format.name
-        parse = _configured(log_format, options.hash_block_size, options.fields)
+        parse, batch = _configured(log_format, options.hash_block_size, options.fields)
         items = _Peeked([], self._lines(name), objects=False)
         held: list[Record] = []
-        for item in _parse_items(name, items, log_format, parse, options.fields):
+        for item in _parse_items(name, items, log_format, parse, batch, options.fields):
             loaded.lines_read += 1
             if isinstance(item, Skip):
                 if options.strict:

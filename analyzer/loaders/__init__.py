@@ -38,6 +38,7 @@ from analyzer.records import Record
 
 Parsed = Record | list[Record] | Answer
 Parser = Callable[[Any, str, int], Parsed]
+BatchReader = Callable[[str, Sequence[tuple[int, Any]]], list[Record | None]]
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class LogFormat:
     JSON formats see each line as a dict; text formats (server logs) see the line as a string.
     ``accepts`` tells whether a line of a file already known to be in this format is one of
     its lines (by default ``matches``); a line that is not, but is another format's, is a
-    mixed-format error.
+    mixed-format error. ``batch``, where set, reads a batch of raw JSON lines first: the Record
+    of each line exactly as ``parse`` reads it, or None for ``parse`` to read it (and say why).
     """
 
     name: str
@@ -56,6 +58,7 @@ class LogFormat:
     parse: Parser
     text: bool = False
     accepts: Callable[[Any], bool] | None = None
+    batch: BatchReader | None = None
 
     def owns(self, item: Any) -> bool:
         return (self.accepts or self.matches)(item)
@@ -69,14 +72,24 @@ FORMATS: dict[str, LogFormat] = {
             "Alibaba Bailian hash-id traces (chat_id, parent_chat_id, 16-token blocks)",
             hash_trace.matches_bailian,
             partial(hash_trace.parse, block_size=hash_trace.BAILIAN_BLOCK_SIZE),
+            batch=partial(
+                hash_trace.plain_records, block_size=hash_trace.BAILIAN_BLOCK_SIZE, bailian=True
+            ),
         ),
         LogFormat(
             "hash-trace",
             "hash-id traces (Mooncake)",
             hash_trace.matches,
             hash_trace.parse,
+            batch=hash_trace.plain_records,
         ),
-        LogFormat("tokens", "pre-tokenized prompt_token_ids", token_ids.matches, token_ids.parse),
+        LogFormat(
+            "tokens",
+            "pre-tokenized prompt_token_ids",
+            token_ids.matches,
+            token_ids.parse,
+            batch=token_ids.plain_records,
+        ),
         LogFormat(
             "openai-batch",
             "OpenAI Batch API input and output JSONL",
@@ -224,8 +237,8 @@ def iter_records(
         items = _peek(name, result.meter)
         log_format = _chosen_format(name, items, format_name, fields)
         result.formats[name] = log_format.name
-        parse = _configured(log_format, hash_block_size, fields)
-        for item in _parse_items(name, items, log_format, parse, fields):
+        parse, batch = _configured(log_format, hash_block_size, fields)
+        for item in _parse_items(name, items, log_format, parse, batch, fields):
             result.lines_read += 1
             if isinstance(item, Skip):
                 if strict:
@@ -261,13 +274,17 @@ def _chosen_format(
 
 def _configured(
     log_format: LogFormat, hash_block_size: int | None, fields: FieldMap | None
-) -> Parser:
+) -> tuple[Parser, BatchReader | None]:
+    """The format's line parser and batch reader, with the flags that configure them."""
+    batch = log_format.batch
     if log_format.name in ("hash-trace", "bailian-trace") and hash_block_size is not None:
-        return partial(hash_trace.parse, block_size=hash_block_size)
+        if batch is not None:
+            batch = partial(batch, block_size=hash_block_size)
+        return partial(log_format.parse, block_size=hash_block_size), batch
     if log_format is MAPPED:
         assert fields is not None
-        return partial(mapped.parse, fields=fields)
-    return log_format.parse
+        return partial(mapped.parse, fields=fields), None
+    return log_format.parse, batch
 
 
 @dataclass
@@ -351,30 +368,32 @@ def _parse_items(
     items: _Peeked,
     log_format: LogFormat,
     parse: Parser,
+    batch: BatchReader | None,
     fields: FieldMap | None,
 ) -> Iterator[Parsed | Skip]:
     """Each line parsed, or its Skip: the one place where a line's errors, anticipated
     (BadLine) or not (any other exception, a bug or an input no one foresaw), become a reasoned
     skip naming file and line. Errors of the whole input (PrefixcheckError) still stop the run.
-    Pre-tokenized JSON lines go through ``token_ids.plain_records`` in batches first."""
-    if log_format.name == "tokens" and fields is None and not items.objects:
-        yield from _parse_plain_tokens(name, items, log_format, parse)
+    JSON lines of a format with a batch reader (pre-tokenized, hash-id traces) go through it
+    first."""
+    if batch is not None and fields is None and not items.objects:
+        yield from _parse_batched(name, items, log_format, parse, batch)
         return
     for line, item in items:
         yield _parse_item(name, line, item, items.objects, log_format, parse, fields)
 
 
-PLAIN_BATCH = 1024  # pre-tokenized lines decoded at a time
+LINES_PER_BATCH = 1024  # JSON lines decoded at a time by a batch reader
 
 
-def _parse_plain_tokens(
-    name: str, items: _Peeked, log_format: LogFormat, parse: Parser
+def _parse_batched(
+    name: str, items: _Peeked, log_format: LogFormat, parse: Parser, batch: BatchReader
 ) -> Iterator[Parsed | Skip]:
-    """Each pre-tokenized line parsed by the batched fast path, or, where that does not take
-    it, by ``_parse_item`` (the same Record either way, and the same skip)."""
+    """Each line read by the batch reader, or, where that does not take it, by ``_parse_item``
+    (the same Record either way, and the same skip)."""
     lines = iter(items)
-    while batch := list(islice(lines, PLAIN_BATCH)):
-        for (line, item), record in zip(batch, token_ids.plain_records(name, batch), strict=True):
+    while chunk := list(islice(lines, LINES_PER_BATCH)):
+        for (line, item), record in zip(chunk, batch(name, chunk), strict=True):
             if record is None:
                 yield _parse_item(name, line, item, False, log_format, parse, None)
             else:

@@ -19,18 +19,27 @@ A line is read into its ids (``HashBlocks``), not its tokens: tokenizing expands
 tools ignore it) continue the chain over the answer's tokens: prompt and answer are the first
 ``input_length`` and the next ``output_length`` tokens of all the ids expanded, so a later turn
 that repeats the answer hits it, as on the log.
+
+Lines of these fields alone are read in batches (``plain_records``), as pre-tokenized lines are:
+one typed decode per line that leaves the id lists as bytes, every list of the batch parsed in
+compiled code (``id_lists``), the checks of ``parse`` and the reader's guard on the values. Any
+line the batch does not take whole is read by ``parse``, with its ordinary error.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import int_list, optional_int, optional_number
-from analyzer.loaders.guard import MAX_REQUEST_TOKENS
+from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
+from analyzer.loaders.id_lists import parse_id_lists
 from analyzer.records import HashBlocks, Record
 from cache_models.hash_runs import ID_FACTOR
 from cache_models.runs import RUN_STEP
@@ -143,3 +152,110 @@ def _output_ids(
             f"{output_length}: expected {expected} more blocks of {block_size} tokens"
         )
     return more
+
+
+_ABSENT = msgspec.Raw(b"")  # no JSON value is empty: an absent field
+_Scalar = int | float | str | bool | None
+
+
+class _TraceLine(msgspec.Struct, forbid_unknown_fields=True):
+    """A Mooncake or Bailian line of these fields alone, typed as ``parse`` takes them (any other
+    field or type: read by ``parse``); ``parse`` ignores the Bailian fields but ``chat_id``."""
+
+    hash_ids: msgspec.Raw
+    input_length: int
+    output_length: int | None = None
+    output_hash_ids: msgspec.Raw = _ABSENT
+    timestamp: int | float | None = None
+    chat_id: int | str | msgspec.UnsetType = msgspec.UNSET
+    parent_chat_id: _Scalar = None
+    type: _Scalar = None
+    turn: _Scalar = None
+
+
+_decode_line = msgspec.json.Decoder(_TraceLine).decode
+
+
+def plain_records(
+    file: str,
+    lines: Sequence[tuple[int, Any]],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    bailian: bool = False,
+) -> list[Record | None]:
+    """The Record of each plain line, exactly as ``parse`` and the guard read it; None for every
+    other line (not bytes, not one JSON object of ``_TraceLine``'s fields, an id list that is not
+    plain ids in 0..2^31-1, any check of ``parse`` failed, a time out of range, no ``chat_id`` in
+    a Bailian file): those are for ``parse``."""
+    decoded: list[_TraceLine | None] = []
+    lists: list[msgspec.Raw] = []
+    for _, raw in lines:
+        try:
+            item = _decode_line(raw) if isinstance(raw, bytes) else None
+        except Exception:  # any refusal: the ordinary reader decides, and says why
+            item = None
+        if item is not None and bailian and item.chat_id is msgspec.UNSET:
+            item = None  # a Mooncake line in a Bailian file: a mixed-format error
+        decoded.append(item)
+        if item is not None:
+            lists.append(item.hash_ids)
+            if len(item.output_hash_ids):
+                lists.append(item.output_hash_ids)
+    ids, offset_array, taken_array = parse_id_lists(lists)
+    wide = ids.astype(np.int64)
+    offsets, taken = offset_array.tolist(), taken_array.tolist()  # Python ints: read per line
+    records: list[Record | None] = []
+    at = 0
+    for (number, _), item in zip(lines, decoded, strict=True):
+        if item is None:
+            records.append(None)
+            continue
+        more = 1 if len(item.output_hash_ids) else 0
+        ok = taken[at] and (not more or taken[at + 1])
+        first, end = offsets[at], offsets[at + 1 + more]
+        blocks = offsets[at + 1] - first
+        at += 1 + more
+        records.append(
+            _record(file, number, item, wide[first:end], blocks, block_size) if ok else None
+        )
+    return records
+
+
+def _record(
+    file: str, line: int, item: _TraceLine, ids: np.ndarray, blocks: int, block_size: int
+) -> Record | None:
+    """The Record of one decoded line whose id lists are plain (``ids``: the prompt's
+    ``blocks``, then the answer's), or None where ``parse`` or the guard would refuse it."""
+    input_length, output_length = item.input_length, item.output_length
+    if not 0 < input_length <= MAX_REQUEST_TOKENS or blocks != -(-input_length // block_size):
+        return None
+    if output_length is not None and not 0 <= output_length <= MAX_REQUEST_TOKENS:
+        return None
+    known = input_length
+    if len(ids) > blocks or len(item.output_hash_ids):
+        if not output_length:
+            return None
+        known = input_length + output_length
+        if len(ids) != -(-known // block_size):
+            return None
+    bailian = item.chat_id is not msgspec.UNSET
+    arrival = _arrival(item.timestamp, bailian)
+    if arrival is False:
+        return None
+    return Record(
+        file=file,
+        line=line,
+        hash_blocks=HashBlocks(ids, block_size, input_length, known),
+        output_length=output_length,
+        arrival_s=arrival,
+        request_id=str(item.chat_id) if bailian else None,
+    )
+
+
+def _arrival(timestamp: float | None, bailian: bool) -> float | bool | None:
+    """Seconds (Mooncake's milliseconds converted), or False where the guard refuses the time."""
+    if timestamp is None:
+        return None
+    if isinstance(timestamp, int) and not -(2**62) < timestamp < 2**62:
+        return False  # far outside any time, and float() of it may overflow
+    arrival = float(timestamp) if bailian else float(timestamp) / 1000.0
+    return arrival if math.isfinite(arrival) and MIN_TIME_S <= arrival <= MAX_TIME_S else False
