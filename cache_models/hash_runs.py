@@ -116,8 +116,9 @@ def run_table(trace: HashTrace) -> RunTable:
     offsets = np.concatenate(
         [np.zeros(len(trace.ids), np.int64), cut_offsets, covered[ends]]
     ).astype(np.int64)
-    key = np.unique(np.stack([ids, offsets], axis=1), axis=0)
-    ids, offsets = key[:, 0], key[:, 1]
+    scale = size + 1  # offsets run 0..size: one int64 key per (id, offset), as run_workload's
+    key = np.unique(ids * scale + offsets)
+    ids, offsets = key // scale, key % scale
     same_next = np.append(ids[1:] == ids[:-1], False)
     ends_at = np.where(same_next, np.append(offsets[1:], 0), size)
     return RunTable(ids, offsets, ends_at - offsets, first_token(ids, offsets), size)
