@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from analyzer.chat import ChatRenderer, chat_renderer
@@ -21,8 +20,16 @@ from analyzer.records import Record
 from analyzer.report import SkipSummary
 from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer, load_tokenizer
-from analyzer.workload import ChunkState, TokenizedLog, build_workload
-from cache_models.workload import Workload
+from analyzer.workload import (
+    ChunkState,
+    TokenizedLog,
+    build_run_workload,
+    build_workload,
+    hash_trace_of,
+)
+from cache_models.hash_runs import run_table
+from cache_models.runs import RunWorkload, concat_runs
+from cache_models.workload import concat_workloads
 
 CHUNK_RECORDS = 2000  # at most this many requests tokenized (and replayed) at a time
 CHUNK_TOKENS = 4_000_000  # and about this many prompt tokens (estimated before tokenizing)
@@ -42,6 +49,9 @@ class IngestOptions:
     rendering: str = "vllm"  # --render-as: the server whose request preparation is reproduced
     cache_dir: Path | None = None  # the token cache; None: no cache
     fast_tokenizer: bool = True  # the tiktoken fast path for byte-level BPE tokenizer.json
+    # A hash-id trace is taken as runs of tokens, unexpanded (a sequential replay of engines
+    # that read runs: see ``analyzer.pipeline.replays_runs``); False: expanded into tokens.
+    hash_runs: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,15 @@ class ChunkedIngest:
 
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
         records = self.records()
+        if self.options.hash_runs:
+            first = next(records, None)
+            records = chain([] if first is None else [first], records)
+            if first is not None and first.hash_blocks is not None:
+                read = list(records)  # its ids: a few bytes per block
+                if all(r.hash_blocks is not None for r in read):
+                    yield from self._run_chunks(read, chunk_records)
+                    return
+                records = iter(read)  # mixed with other formats: all of it as tokens
         meter = self.loaded.meter
         done, requests = 0, 0  # bytes and requests of the chunks processed so far
         while batch := _take(records, chunk_records, self._reading(done, requests)):
@@ -114,6 +133,28 @@ class ChunkedIngest:
                 for record in batch:  # the workload holds the ids now; only chats are re-rendered
                     record.prompt_token_ids = record.output_token_ids = None
             done = read
+            self.report("reading", requests)
+            yield Chunk(batch, tokenized)
+
+    def _run_chunks(self, read: list[Record], chunk_records: int) -> Iterator[Chunk]:
+        """A hash-id trace as runs: every line read first (the runs of an id are cut where any
+        request holding it needs a boundary), then chunks of runs."""
+        self.report("reading", len(read))
+        trace = hash_trace_of(read)
+        table = run_table(trace)
+        requests, start = 0, 0
+        batches = iter(read)
+        while batch := _take(batches, chunk_records):
+            stop = start + len(batch)
+            tokenized = build_run_workload(
+                batch,
+                trace.select(slice(start, stop)),
+                table,
+                chunk_state=self.state,
+                routing_fields=self.options.fields.routing if self.options.fields else (),
+            )
+            start = stop
+            requests += len(batch)
             self.report("reading", requests)
             yield Chunk(batch, tokenized)
 
@@ -212,6 +253,8 @@ def _estimated_tokens(record: Record) -> int:
     """Prompt and answer tokens, guessed before tokenizing (a claimed output length is
     allocated as that many unknown tokens, so it counts too)."""
     output = record.output_length or 0
+    if record.hash_blocks is not None:
+        return record.hash_blocks.prompt_length + output
     if record.prompt_token_ids is not None:
         return len(record.prompt_token_ids) + output
     if record.prompt is not None:
@@ -231,7 +274,9 @@ def merge(chunks: Sequence[Chunk], state: ChunkState) -> TokenizedLog:
     logs = [c.tokenized for c in chunks]
     workloads = [log.workload for log in logs]
     return TokenizedLog(
-        workload=concat_workloads(workloads),
+        workload=concat_runs(workloads)  # type: ignore[arg-type]
+        if isinstance(workloads[0], RunWorkload)
+        else concat_workloads(workloads),
         requests=pl.concat([log.requests for log in logs], how="vertical_relaxed"),
         skips=sum((log.skips for log in logs), SkipLog()),
         namespace_labels=state.labels(),
@@ -239,44 +284,3 @@ def merge(chunks: Sequence[Chunk], state: ChunkState) -> TokenizedLog:
         assumed_stop_finish=sum(log.assumed_stop_finish for log in logs),
         token_cache=CacheStats.total([log.token_cache for log in logs]),
     )
-
-
-def concat_workloads(workloads: Sequence[Workload]) -> Workload:
-    if len(workloads) == 1:
-        return workloads[0]
-    arrivals = [w.arrival_s for w in workloads]
-    return Workload(
-        prompt_tokens=np.concatenate([w.prompt_tokens for w in workloads]),
-        prompt_offsets=_joined_offsets([w.prompt_offsets for w in workloads]),
-        output_tokens=np.concatenate([w.output_tokens for w in workloads]),
-        output_offsets=_joined_offsets([w.output_offsets for w in workloads]),
-        namespace=np.concatenate([w.namespace for w in workloads]),
-        stop_finish=np.concatenate([w.stop_finish for w in workloads]),
-        arrival_s=None if any(a is None for a in arrivals) else np.concatenate(arrivals),
-        priority=_joined_column([w.priority for w in workloads], [w.priorities for w in workloads]),
-        skip_prefix_lookup=_joined_column(
-            [w.skip_prefix_lookup for w in workloads], [w.skips_lookup for w in workloads]
-        ),
-        hit_limit=_joined_column(
-            [w.hit_limit for w in workloads], [w.hit_limits for w in workloads]
-        ),
-        max_new_tokens=_joined_column(
-            [w.max_new_tokens for w in workloads], [w.max_new_tokens_given for w in workloads]
-        ),
-    )
-
-
-def _joined_column(
-    given: Sequence[np.ndarray | None], filled: Sequence[np.ndarray]
-) -> np.ndarray | None:
-    """An optional per-request column over joined chunks: None when no chunk has it, otherwise
-    each chunk's values (its default where it has none)."""
-    return None if all(g is None for g in given) else np.concatenate(filled)
-
-
-def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
-    shifted, base = [np.zeros(1, np.int64)], 0
-    for offsets in parts:
-        shifted.append(offsets[1:] + base)
-        base += int(offsets[-1])
-    return np.concatenate(shifted)

@@ -51,6 +51,7 @@ from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer
 from analyzer.workload import LogTable, TokenizedLog
 from cache_models.result import ReplayResult
+from cache_models.runs import RunWorkload, as_tokens
 
 if TYPE_CHECKING:
     from analyzer.executors import Executor
@@ -139,6 +140,7 @@ def _analyzed(
         )
     if not options.diagnose:
         return report(log, replayed, None, options, fleet_run)
+    replayed = _with_token_sample(replayed)
     if fleet_run is None and not options.settings.sequential and replayed.order is None:
         # replayed whole in memory for its mode: diagnosed on its leading sample all the same
         replayed = _leading_sample(replayed, options.sample_tokens)
@@ -208,7 +210,10 @@ def read(
     sequential reads the whole log); the rest is read as the replay streams it."""
     budget = sample_budget(options, on_executor=reader is not None)
     routed = routing_fields(options.fleet, options.fleet_what_if)
-    ingest = with_routing_fields(options.ingest, routed)
+    ingest = replace(
+        with_routing_fields(options.ingest, routed),
+        hash_runs=replays_runs(options, on_executor=reader is not None),
+    )
     if reader is None:
         reader = ChunkedIngest(paths, ingest, progress)
     else:  # an executor's reader: the same options
@@ -225,6 +230,41 @@ def _replaying(reader: ChunkedIngest, chunks: Iterator[Chunk]) -> Iterator[Chunk
     for chunk in chunks:
         reader.report("replaying")
         yield chunk
+
+
+ENGINES_READ_RUNS = False  # the engines' and the trie's run-length replays (being added)
+
+
+def replays_runs(options: AnalyzeOptions, on_executor: bool = False) -> bool:
+    """Whether a hash-id trace is replayed as runs of tokens, never expanded: when every replay
+    of the log reads runs (sequential, in this process, one server, SGLang at page size 1
+    without chunked prefill). The diagnosis expands its sample (``_with_token_sample``)."""
+    settings = options.settings
+    return (
+        ENGINES_READ_RUNS
+        and settings.sequential
+        and not on_executor
+        and options.fleet is None
+        and not options.fleet_what_if
+        and settings.page_size == 1
+        and settings.chunked_prefill_size == 0
+    )
+
+
+def _with_token_sample(replayed: Replayed) -> Replayed:
+    """``replayed`` with its sample as tokens, and the sample's trie built from them: a hash-id
+    trace replayed as runs is expanded here for the diagnosis (only its sample, when it
+    streamed; the whole log's rows, results and trie stay as they are)."""
+    sample = replayed.sample
+    if not isinstance(sample.workload, RunWorkload):
+        return replayed
+    tokens = replace(sample, workload=as_tokens(sample.workload))
+    return replace(
+        replayed,
+        log=replayed.log if replayed.streamed else tokens,
+        sample=tokens,
+        sample_replays=sample_of(replayed.sample_replays, tokens.workload),
+    )
 
 
 def sample_budget(options: AnalyzeOptions, on_executor: bool = False) -> int | None:
@@ -390,7 +430,7 @@ def _diagnosis_scope(replayed: Replayed) -> DiagnosisScope:
     sample, replays = replayed.sample, replayed.sample_replays
     return DiagnosisScope(
         requests=sample.workload.n_requests,
-        prompt_tokens=int(sample.workload.prompt_offsets[-1]),
+        prompt_tokens=sample.workload.prompt_token_count,
         ceiling_hit_tokens=replays.ideal.total_hit_tokens,
         whole_log=not replayed.streamed,
         log_requests=replayed.log.requests.height,
@@ -408,7 +448,7 @@ def _head(chunks: Iterator[Chunk], budget: int | None) -> list[Chunk]:
     tokens = 0
     for chunk in chunks:
         head.append(chunk)
-        tokens += int(chunk.tokenized.workload.prompt_offsets[-1])
+        tokens += chunk.tokenized.workload.prompt_token_count
         if budget is not None and tokens >= budget:
             break
     return head

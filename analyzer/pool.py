@@ -175,10 +175,10 @@ class CachePool:
             caches = self.caches[key]
             for engine in self.engines:
                 jobs[(engine, key)] = _bound(caches[engine], part)
-                tokens[(engine, key)] = int(part.prompt_offsets[-1])
+                tokens[(engine, key)] = part.prompt_token_count
         for name, job in (alongside or {}).items():
             jobs[name] = job
-            tokens[name] = int(workload.prompt_offsets[-1])
+            tokens[name] = workload.prompt_token_count
         results = in_parallel(jobs, None if done is None else lambda name: done(tokens[name]))
         n = workload.n_requests
         keyed = list(zip(routes.keys, parts, strict=True))

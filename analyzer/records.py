@@ -10,9 +10,22 @@ import numpy as np
 Message = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class HashBlocks:
+    """A hash-id trace's request before expansion: its ids (the prompt's, then any
+    ``output_hash_ids``), ``block_size`` tokens each, which spell ``known_length`` tokens: the
+    prompt's ``prompt_length``, and the answer's when the line has output ids."""
+
+    ids: np.ndarray  # int64
+    block_size: int
+    prompt_length: int
+    known_length: int
+
+
 @dataclass
 class Record:
-    """A request: exactly one of ``messages``, ``prompt`` or ``prompt_token_ids`` is set.
+    """A request: exactly one of ``messages``, ``prompt``, ``prompt_token_ids`` or
+    ``hash_blocks`` (a hash-id trace's line, expanded into tokens when it is tokenized) is set.
 
     ``output_text`` / ``output_token_ids`` hold the answer when the log has it (multi-turn caching
     depends on the answer's tokens); otherwise ``output_length`` may give its size alone. An
@@ -32,6 +45,7 @@ class Record:
     tools: list[dict[str, Any]] | None = None
     prompt: str | None = None
     prompt_token_ids: list[int] | np.ndarray | None = None
+    hash_blocks: HashBlocks | None = None
     output_text: str | None = None
     output_token_ids: list[int] | np.ndarray | None = None
     output_message: Message | None = None

@@ -135,7 +135,7 @@ def replay_all(
     progress = progress or NoProgress()
     pool = CachePool(settings, settings.engines, router, caches)
     trie = PrefixTrie()
-    tokens = int(workload.prompt_offsets[-1])
+    tokens = workload.prompt_token_count
     progress.stage("replaying (tokens × caches)", (len(pool.engines) + 1) * tokens)
     return Replays.of(replay_chunk(pool, trie, workload, models, progress.advance), trie.nodes)
 

@@ -12,11 +12,13 @@ import polars as pl
 from analyzer.chat import ChatRenderer
 from analyzer.errors import BadLine, PrefixcheckError, Skip, SkipLog, StrictModeError
 from analyzer.loaders.guard import check_unicode, unexpected
+from analyzer.loaders.hash_trace import expanded
 from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
 from analyzer.token_cache import CacheStats, cached_ids, encode_texts, store_ids
 from analyzer.tokenizer import Tokenizer
-from cache_models.workload import Workload
+from cache_models.hash_runs import HashTrace, RunTable, run_workload
+from cache_models.workload import Workload, offsets_of
 
 # Finish reasons that mean the request hit max_tokens; anything else ended on a stop token.
 LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens", "model_length"})
@@ -81,6 +83,7 @@ def build_workload(
     ``chunk_state`` makes this one chunk of a longer log (None: the records are the whole log).
     """
     progress = progress or NoProgress()
+    _expand_hash_blocks(records)
     skips = SkipLog()
     kept: list[Record] = []
     texts: list[str] = []
@@ -181,7 +184,94 @@ def build_workload(
         ),
         **_cache_columns(kept),
     )
-    requests = pl.DataFrame(
+    requests = _requests_frame(
+        kept,
+        workload.prompt_lengths,
+        workload.output_lengths,
+        [outputs[i][1] for i in final],
+        routing_fields,
+    )
+    return TokenizedLog(
+        workload=workload,
+        requests=requests,
+        skips=skips,
+        namespace_labels=namespace_labels,
+        from_text=bool(texts) or bool(from_cache),
+        assumed_stop_finish=sum(r.finish_reason is None for r in kept),
+        token_cache=CacheStats.total([cache_stats, answer_cache, request_stats]),
+    )
+
+
+def build_run_workload(
+    records: Sequence[Record],
+    trace: HashTrace,
+    table: RunTable,
+    *,
+    chunk_state: ChunkState,
+    routing_fields: Sequence[str] = (),
+) -> TokenizedLog:
+    """Records of a hash-id trace (``trace`` holds their ids as columns) as runs of ``table``:
+    the same requests, rows and namespaces as ``build_workload`` gives them, the tokens left
+    unexpanded (``cache_models.hash_runs``)."""
+    namespace, namespace_labels = _namespaces(records, chunk_state)
+    trace = replace(
+        trace,
+        namespace=namespace,
+        stop_finish=np.array([_is_stop(r.finish_reason) for r in records], bool),
+        arrival_s=_arrivals(records),
+    )
+    workload, chunk_state.next_unknown = run_workload(trace, table, chunk_state.next_unknown)
+    return TokenizedLog(
+        workload=workload,  # type: ignore[arg-type]  # a RunWorkload: replayed, never indexed
+        requests=_requests_frame(
+            records,
+            trace.prompt_lengths,
+            trace.output_lengths,
+            trace.known_lengths > trace.prompt_lengths,
+            routing_fields,
+        ),
+        skips=SkipLog(),
+        namespace_labels=namespace_labels,
+        from_text=False,
+        assumed_stop_finish=sum(r.finish_reason is None for r in records),
+    )
+
+
+def hash_trace_of(records: Sequence[Record]) -> HashTrace:
+    """The ids and lengths of hash-trace records as columns (namespace, finish and arrival are
+    set per chunk by ``build_run_workload``)."""
+    blocks = [r.hash_blocks for r in records]
+    assert all(b is not None for b in blocks)
+    ids = [b.ids for b in blocks if b is not None]
+    prompt = np.array([b.prompt_length for b in blocks if b is not None], np.int64)
+    return HashTrace(
+        ids=np.concatenate(ids) if ids else np.zeros(0, np.int64),
+        id_offsets=offsets_of(np.array([len(i) for i in ids], np.int64)),
+        block_size=blocks[0].block_size if blocks and blocks[0] is not None else 1,
+        prompt_lengths=prompt,
+        output_lengths=np.array([max(1, r.output_length or 1) for r in records], np.int64),
+        known_lengths=np.array([b.known_length for b in blocks if b is not None], np.int64),
+        namespace=np.zeros(len(records), np.int32),
+        stop_finish=np.ones(len(records), bool),
+    )
+
+
+def _expand_hash_blocks(records: Sequence[Record]) -> None:
+    """Hash-trace records get their synthetic tokens (``hash_trace.expanded``)."""
+    for record in records:
+        if record.hash_blocks is not None and record.prompt_token_ids is None:
+            record.prompt_token_ids, record.output_token_ids = expanded(record.hash_blocks)
+
+
+def _requests_frame(
+    kept: Sequence[Record],
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    output_known: Sequence[bool],
+    routing_fields: Sequence[str],
+) -> pl.DataFrame:
+    """The metadata row of each request (input order)."""
+    return pl.DataFrame(
         {
             "file": [r.file for r in kept],
             "line": [r.line for r in kept],
@@ -193,9 +283,9 @@ def build_workload(
             "tenant": [r.tenant for r in kept],
             "server_cached_tokens": [r.server_cached_tokens for r in kept],
             "server_prompt_tokens": [r.server_prompt_tokens for r in kept],
-            "prompt_tokens": workload.prompt_lengths,
-            "output_tokens": workload.output_lengths,
-            "output_known": [outputs[i][1] for i in final],
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "output_known": list(output_known),
         }
         | {
             routing_column(path): pl.Series(
@@ -211,15 +301,6 @@ def build_workload(
             "server_cached_tokens": pl.Int64,
             "server_prompt_tokens": pl.Int64,
         },
-    )
-    return TokenizedLog(
-        workload=workload,
-        requests=requests,
-        skips=skips,
-        namespace_labels=namespace_labels,
-        from_text=bool(texts) or bool(from_cache),
-        assumed_stop_finish=sum(r.finish_reason is None for r in kept),
-        token_cache=CacheStats.total([cache_stats, answer_cache, request_stats]),
     )
 
 

@@ -42,6 +42,7 @@ def block_stream(
 ) -> BlockStream:
     """The stream at ``block_size``; request r caches the full blocks of its first
     ``cached_tokens[r]`` tokens of prompt + outputs (``trie`` must be built from ``workload``)."""
+    trie = trie.expanded  # store indices are token positions
     prompt_lengths = workload.prompt_lengths.astype(np.int64)
     cached = np.minimum(cached_tokens.astype(np.int64), prompt_lengths + workload.output_lengths)
     offsets = np.zeros(workload.n_requests + 1, np.int64)

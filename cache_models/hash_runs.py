@@ -71,6 +71,9 @@ class RunTable:
     lengths: np.ndarray  # int64
     first_tokens: np.ndarray  # int64
     block_size: int
+    id_values: np.ndarray  # int64: the distinct ids, sorted
+    keys: np.ndarray  # int64: each run's ``code * (block_size + 1) + offset``, sorted (its
+    # code: its id's index in id_values)
 
     @property
     def n_runs(self) -> int:
@@ -116,12 +119,15 @@ def run_table(trace: HashTrace) -> RunTable:
     offsets = np.concatenate(
         [np.zeros(len(trace.ids), np.int64), cut_offsets, covered[ends]]
     ).astype(np.int64)
-    scale = size + 1  # offsets run 0..size: one int64 key per (id, offset), as run_workload's
-    key = np.unique(ids * scale + offsets)
-    ids, offsets = key // scale, key % scale
-    same_next = np.append(ids[1:] == ids[:-1], False)
+    id_values, codes = np.unique(ids, return_inverse=True)
+    keys = np.unique(codes.astype(np.int64) * (size + 1) + offsets)  # one int64 sort
+    codes, offsets = keys // (size + 1), keys % (size + 1)
+    ids = id_values[codes]
+    same_next = np.append(codes[1:] == codes[:-1], False)
     ends_at = np.where(same_next, np.append(offsets[1:], 0), size)
-    return RunTable(ids, offsets, ends_at - offsets, first_token(ids, offsets), size)
+    return RunTable(
+        ids, offsets, ends_at - offsets, first_token(ids, offsets), size, id_values, keys
+    )
 
 
 def run_workload(
@@ -133,12 +139,14 @@ def run_workload(
     request, _, covered = _occurrences(trace)
     size = table.block_size
     # The table rows of each occurrence: its id's runs that start before what it covers.
-    scale = size + 1
-    table_keys = table.ids * scale + table.offsets
-    lo = np.searchsorted(table_keys, trace.ids * scale)
-    hi = np.searchsorted(table_keys, trace.ids * scale + covered)
-    if (table.ids[np.minimum(lo, table.n_runs - 1)] != trace.ids).any():
+    codes = np.searchsorted(table.id_values, trace.ids)
+    if len(codes) and (
+        codes.max() >= len(table.id_values) or (table.id_values[codes] != trace.ids).any()
+    ):
         raise ValueError("an id of the trace is not in the run table")
+    scale = size + 1
+    lo = np.searchsorted(table.keys, codes * scale)
+    hi = np.searchsorted(table.keys, codes * scale + covered)
     n_runs = hi - lo
     run_owner = np.repeat(np.arange(len(lo)), n_runs)
     first_of = offsets_of(n_runs)

@@ -20,51 +20,101 @@ so ``D`` is read off the nodes the prompt passes, with memory per node, not per 
 
 A log can be fed chunk by chunk (``PrefixTrie.feed``): the trie, its views and the request count
 carry over, so the hits and the final nodes are those of one pass over the whole log.
+
+A run-length workload (``cache_models.runs``: a hash-id trace's runs of synthetic tokens) is fed
+the same way (``_trie_runs``): the trie stores run ids with their weights, and its hits and nodes
+are those of its token expansion, node for node (lengths and depths in tokens; ``TrieNodes``
+expands a node's runs back to tokens). A trie is fed tokens or runs, not both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
-from numba import njit, types
-from numba.typed import Dict
 
+from cache_models._trie_kernel import (
+    N_COLUMNS,
+    N_NODES,
+    N_REQUESTS,
+    N_STORE,
+    empty_children,
+    feed_tokens,
+)
+from cache_models._trie_runs import feed_runs
 from cache_models.result import ReplayResult
-from cache_models.workload import Workload
-
-_NO_CHILD = -1
-# Columns of the kernel's node matrix, in TrieNodes' order; entries of its sizes.
-PARENT, START, LENGTH, DEPTH, COUNT, FIRST, SPACE = range(7)
-N_COLUMNS = 7
-N_NODES, N_STORE, N_REQUESTS = range(3)
+from cache_models.runs import RunWorkload, expand_entries
+from cache_models.workload import Workload, offsets_of
 
 
 @dataclass(frozen=True)
 class TrieNodes:
-    """The trie's nodes as columns; node 0 is a sentinel, namespace roots are its children."""
+    """The trie's nodes as columns; node 0 is a sentinel, namespace roots are its children.
+
+    A trie fed runs stores run ids (``store``) with their tokens (``store_weights``) and each
+    run's first token (``first_tokens``, ``cache_models.runs``); ``span`` counts the store
+    entries on each edge. ``expanded`` is the trie of the expansion, node for node."""
 
     parent: np.ndarray  # int64
-    start: np.ndarray  # int64, offset of the node's tokens in ``store``
+    start: np.ndarray  # int64, offset of the node's tokens (or runs) in ``store``
     length: np.ndarray  # int64, tokens on the edge into the node
     depth: np.ndarray  # int64, prefix length at the node's end
     count: np.ndarray  # int64, prompts that pass through the whole node
     first_request: np.ndarray  # int64, first request whose prompt passed through it (-1: none)
     namespace: np.ndarray  # int64, namespace of the node's root
-    store: np.ndarray  # int32, the distinct tokens
+    store: np.ndarray  # int32, the distinct tokens (or runs)
+    span: np.ndarray | None = None  # int64, runs on the edge (None: fed tokens, ``length``)
+    store_weights: np.ndarray | None = None  # int32, tokens of each run in ``store``
+    first_tokens: np.ndarray | None = None  # int64, the first token of each run id
 
     @property
     def n_nodes(self) -> int:
         return len(self.parent)
 
+    @property
+    def of_runs(self) -> bool:
+        """Whether the trie was fed runs (its store holds run ids)."""
+        return self.span is not None
+
     def tokens(self, node: int) -> np.ndarray:
         """The token sequence from the root to the end of ``node``."""
-        parts = []
+        span = self.length if self.span is None else self.span
+        edges = []
         while self.parent[node] > 0:
-            parts.append(self.store[self.start[node] : self.start[node] + self.length[node]])
+            edges.append(slice(self.start[node], self.start[node] + span[node]))
             node = int(self.parent[node])
-        return np.concatenate(parts[::-1]) if parts else np.zeros(0, np.int32)
+        if not edges:
+            return np.zeros(0, np.int32)
+        store = np.concatenate([self.store[edge] for edge in edges[::-1]])
+        if self.span is None:
+            return store
+        assert self.store_weights is not None and self.first_tokens is not None
+        weights = np.concatenate([self.store_weights[edge] for edge in edges[::-1]])
+        return expand_entries(store, weights, self.first_tokens)[0]
+
+    @property
+    def expanded(self) -> TrieNodes:
+        """The trie as fed tokens: itself, or a trie fed runs with its store expanded (the token
+        trie of the expansion, node for node; memory per distinct token, made once). What walks
+        the store against a workload's tokens reads (``trie_walk``, ``block_stream``)."""
+        return self if self.span is None else self._expanded_runs
+
+    @cached_property
+    def _expanded_runs(self) -> TrieNodes:
+        assert self.store_weights is not None and self.first_tokens is not None
+        store, _ = expand_entries(self.store, self.store_weights, self.first_tokens)
+        return TrieNodes(
+            parent=self.parent,
+            start=offsets_of(self.store_weights.astype(np.int64))[self.start],
+            length=self.length,
+            depth=self.depth,
+            count=self.count,
+            first_request=self.first_request,
+            namespace=self.namespace,
+            store=store,
+        )
 
 
 @dataclass(frozen=True)
@@ -80,13 +130,6 @@ class View:
             raise ValueError(f"bad view {self}")
 
 
-@njit(cache=True)
-def _empty_children():
-    """The child map, made in compiled code: ``Dict.empty`` called from Python compiles its
-    constructor anew in every process (~0.3 s), this is loaded from numba's cache."""
-    return Dict.empty(key_type=types.int64, value_type=types.int64)
-
-
 class PrefixTrie:
     """The ideal prefix cache, and per ``View`` an engine's unbounded one: replays a workload, or
     a log chunk by chunk (``feed``), and keeps the trie for later questions."""
@@ -100,10 +143,12 @@ class PrefixTrie:
         self.views = list(views)
         self._granularity = np.array([v.granularity for v in self.views], np.int64)
         self._vllm = np.array([v.engine == "vllm" for v in self.views], np.bool_)
-        self._children = _empty_children()
+        self._children = empty_children()
         self._columns = np.zeros((1024, N_COLUMNS), np.int64)
         self._best = np.zeros((1024, len(self.views)), np.int64)
         self._store = np.zeros(1 << 16, np.int32)
+        self._store_weights = np.zeros(0, np.int32)  # a trie fed runs: tokens per store entry
+        self._first_tokens: np.ndarray | None = None  # a trie fed runs: its runs' first tokens
         self._sizes = np.zeros(3, np.int64)
         self._sizes[N_NODES] = 1  # node 0: the sentinel above the namespace roots
         self._nodes: TrieNodes | None = None
@@ -113,14 +158,20 @@ class PrefixTrie:
         """Requests fed so far."""
         return int(self._sizes[N_REQUESTS])
 
-    def feed(self, chunk: Workload) -> list[np.ndarray]:
+    def feed(self, chunk: Workload | RunWorkload) -> list[np.ndarray]:
         """Per view, the hits of the chunk's requests, as if the whole log so far were replayed
-        at once. The trie grows geometrically: a feed costs its own content, amortised."""
+        at once. The trie grows geometrically: a feed costs its own content, amortised. Chunks
+        of runs come from one run table (``cache_models.hash_runs``)."""
+        runs = isinstance(chunk, RunWorkload)
+        if self.n_requests and runs != (self._first_tokens is not None):
+            raise ValueError("a trie is fed tokens or runs, not both")
+        if runs:
+            return self._feed_runs(chunk)
         self._store = _with_room(
             self._store,
             int(self._sizes[N_STORE]) + int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1]),
         )
-        hits, self._columns, self._best, self._store = _feed(
+        hits, self._columns, self._best, self._store = feed_tokens(
             self._columns,
             self._best,
             self._store,
@@ -134,33 +185,85 @@ class PrefixTrie:
         self._nodes = None
         return list(hits)
 
+    def _feed_runs(self, chunk: RunWorkload) -> list[np.ndarray]:
+        runs = chunk.runs
+        needed = int(self._sizes[N_STORE]) + int(runs.prompt_offsets[-1] + runs.output_offsets[-1])
+        self._store = _with_room(self._store, needed)
+        self._store_weights = _with_room(self._store_weights, needed)
+        prompt_weights, output_weights = chunk.kernel_weights()
+        prompt_ids, prompt_offsets, output_ids, output_offsets, namespace, _ = runs.kernel_inputs()
+        hits, self._columns, self._best, self._store, self._store_weights = feed_runs(
+            self._columns,
+            self._best,
+            self._store,
+            self._store_weights,
+            self._children,
+            self._sizes,
+            prompt_ids,
+            prompt_weights,
+            prompt_offsets,
+            output_ids,
+            output_weights,
+            output_offsets,
+            namespace,
+            _sglang_stop_finish(chunk),
+            self._granularity,
+            self._vllm,
+        )
+        self._first_tokens = np.asarray(chunk.first_tokens, np.int64)
+        self._nodes = None
+        return list(hits)
+
     @property
     def nodes(self) -> TrieNodes:
         """The trie of everything fed so far (later feeds leave it as it is: the node columns are
         copied; the store is a view, as feeds only append to it or move it to a larger buffer)."""
         if self._nodes is None:
             n, columns = int(self._sizes[N_NODES]), self._columns
-            self._nodes = TrieNodes(
+            nodes = TrieNodes(
                 *(columns[:n, c].copy() for c in range(N_COLUMNS)),
                 store=self._store[: self._sizes[N_STORE]],
             )
+            if self._first_tokens is not None:  # fed runs: the kernel's lengths count runs
+                length = nodes.depth - nodes.depth[nodes.parent]
+                length[0] = 0
+                nodes = replace(
+                    nodes,
+                    length=length,
+                    span=nodes.length,
+                    store_weights=self._store_weights[: self._sizes[N_STORE]],
+                    first_tokens=self._first_tokens,
+                )
+            self._nodes = nodes
         return self._nodes
 
-    def replay(self, workload: Workload) -> ReplayResult:
+    def replay(self, workload: Workload | RunWorkload) -> ReplayResult:
         """Start over: the ideal hits of ``workload``."""
         (hits,) = self.replay_views(workload, [View("ideal")])
         return ReplayResult(engine=self.engine, hit_tokens=hits)
 
-    def replay_views(self, workload: Workload, views: Sequence[View]) -> list[np.ndarray]:
+    def replay_views(
+        self, workload: Workload | RunWorkload, views: Sequence[View]
+    ) -> list[np.ndarray]:
         """Start over: per view, the per-request hits of that engine's unbounded, sequential
         replay of ``workload``."""
         self._start(views)
         return self.feed(workload)
 
 
-def unbounded_hits(workload: Workload, views: list[View]) -> list[np.ndarray]:
+def unbounded_hits(workload: Workload | RunWorkload, views: list[View]) -> list[np.ndarray]:
     """Per view, the hits of an unbounded, sequential replay (exactly the engine models')."""
     return PrefixTrie(views).feed(workload)
+
+
+def _sglang_stop_finish(workload: RunWorkload) -> np.ndarray:
+    """``Workload.sglang_stop_finish`` of the expansion (answer lengths in tokens)."""
+    runs = workload.runs
+    stops = np.ascontiguousarray(runs.stop_finish, np.bool_)
+    if runs.max_new_tokens is None:
+        return stops
+    given = runs.max_new_tokens_given
+    return stops & ~((given >= 0) & (workload.output_lengths >= given))
 
 
 def _with_room(store: np.ndarray, needed: int) -> np.ndarray:
@@ -172,191 +275,3 @@ def _with_room(store: np.ndarray, needed: int) -> np.ndarray:
     bigger = np.empty(max(needed, 2 * len(store)), store.dtype)
     bigger[: len(store)] = store
     return bigger
-
-
-@njit(cache=True)
-def _key(node: int, token: int) -> int:
-    return (node << 32) | (token & 0xFFFFFFFF)
-
-
-@njit(cache=True)
-def _child(children, node: int, token: int) -> int:
-    key = _key(node, token)
-    return children[key] if key in children else _NO_CHILD  # noqa: SIM401 (numba: .get is Optional)
-
-
-@njit(cache=True)
-def _grow(array: np.ndarray, needed: int) -> np.ndarray:
-    if needed <= len(array):
-        return array
-    bigger = np.empty(max(needed, 2 * len(array)), array.dtype)
-    bigger[: len(array)] = array
-    return bigger
-
-
-@njit(cache=True)
-def _grow_rows(array: np.ndarray, needed: int) -> np.ndarray:
-    if needed <= len(array):
-        return array
-    bigger = np.zeros((max(needed, 2 * len(array)), array.shape[1]), array.dtype)
-    bigger[: len(array)] = array
-    return bigger
-
-
-@njit(cache=True)
-def _add_node(columns, best, sizes, parent, start, length, depth, count, first, space):
-    """Append a node (the arrays grow geometrically); returns its id and the arrays."""
-    node = sizes[N_NODES]
-    sizes[N_NODES] = node + 1
-    columns = _grow_rows(columns, node + 1)
-    best = _grow_rows(best, node + 1)
-    columns[node, PARENT], columns[node, START], columns[node, LENGTH] = parent, start, length
-    columns[node, DEPTH], columns[node, COUNT], columns[node, FIRST] = depth, count, first
-    columns[node, SPACE] = space
-    return node, columns, best
-
-
-@njit(cache=True, nogil=True)
-def _feed(
-    columns,
-    best,
-    store,
-    children,
-    sizes,
-    prompt_tokens,
-    prompt_offsets,
-    output_tokens,
-    output_offsets,
-    namespace,
-    stop_finish,
-    view_granularity,
-    view_vllm,
-):
-    """Match then insert each request (see the module docstring); ``best[node, view]`` is the most
-    any sequence through the node keeps in that view."""
-    n_requests = len(prompt_offsets) - 1
-    n_views = len(view_granularity)
-    hits = np.zeros((n_views, n_requests), np.int64)
-    reach = np.zeros(n_views, np.int64)  # per view: the longest min(LCP, kept) so far
-    kept = np.zeros(n_views, np.int64)  # per view: what the engine keeps of this request
-    seq = np.zeros(1024, np.int32)
-
-    for r in range(n_requests):
-        request = sizes[N_REQUESTS] + r  # counted over the whole stream
-        p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
-        o0, o1 = output_offsets[r], output_offsets[r + 1]
-        prompt_len = p1 - p0
-        n_out = (o1 - o0) if stop_finish[r] else (o1 - o0 - 1)
-        seq = _grow(seq, prompt_len + n_out)
-        seq[:prompt_len] = prompt_tokens[p0:p1]
-        seq[prompt_len : prompt_len + n_out] = output_tokens[o0 : o0 + n_out]
-        seq_len = prompt_len + n_out
-        for i in range(seq_len):  # nothing after an unknown token can ever match
-            if seq[i] < 0:
-                seq_len = i
-                break
-        for v in range(n_views):
-            g = view_granularity[v]
-            n_kept = (o1 - o0 - 1) if view_vllm[v] else n_out
-            kept[v] = min((prompt_len + n_kept) // g * g, seq_len)
-
-        root = _child(children, 0, namespace[r])
-        if root == _NO_CHILD:
-            root, columns, best = _add_node(columns, best, sizes, 0, 0, 0, 0, 0, -1, namespace[r])
-            children[_key(0, namespace[r])] = root
-
-        # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
-        limit = min(prompt_len - 1, seq_len)
-        reach[:] = 0
-        node, pos = root, 0
-        while pos < limit:
-            child = _child(children, node, seq[pos])
-            if child == _NO_CHILD:
-                break
-            edge, span = columns[child, START], columns[child, LENGTH]
-            m = 0
-            while m < span and pos + m < limit and store[edge + m] == seq[pos + m]:
-                m += 1
-            pos += m
-            for v in range(n_views):
-                reach[v] = max(reach[v], min(pos, best[child, v]))
-            if m < span:
-                break
-            node = child
-        for v in range(n_views):
-            g = view_granularity[v]
-            hits[v, r] = min(prompt_len - 1, reach[v]) // g * g
-
-        # 2. insert prompt + cacheable outputs, splitting at divergences and at the prompt end
-        node, pos = root, 0
-        while pos < seq_len:
-            child = _child(children, node, seq[pos])
-            if child == _NO_CHILD:
-                # new leaf(s): [pos, prompt_len) counted, then the output tail
-                cut = prompt_len if pos < prompt_len else seq_len
-                while pos < seq_len:
-                    end = min(cut, seq_len)
-                    n_store = sizes[N_STORE]
-                    store = _grow(store, n_store + end - pos)
-                    store[n_store : n_store + end - pos] = seq[pos:end]
-                    sizes[N_STORE] = n_store + end - pos
-                    counted = pos < prompt_len
-                    leaf, columns, best = _add_node(
-                        columns,
-                        best,
-                        sizes,
-                        node,
-                        n_store,
-                        end - pos,
-                        columns[node, DEPTH] + end - pos,
-                        1 if counted else 0,
-                        request if counted else -1,
-                        namespace[r],
-                    )
-                    best[leaf, :] = kept
-                    children[_key(node, seq[pos])] = leaf
-                    node, pos, cut = leaf, end, seq_len
-                break
-            span = columns[child, LENGTH]
-            m = 0
-            while (
-                m < span and pos + m < seq_len and store[columns[child, START] + m] == seq[pos + m]
-            ):
-                m += 1
-            cut = min(m, prompt_len - pos) if pos < prompt_len else m
-            if cut < span:
-                if pos + cut == seq_len and pos + cut != prompt_len:
-                    # the sequence ends inside an output node: nothing to add but what it keeps
-                    for v in range(n_views):
-                        best[child, v] = max(best[child, v], kept[v])
-                    break
-                # split child at cut: mid takes the first cut tokens
-                mid, columns, best = _add_node(
-                    columns,
-                    best,
-                    sizes,
-                    node,
-                    columns[child, START],
-                    cut,
-                    columns[node, DEPTH] + cut,
-                    columns[child, COUNT],
-                    columns[child, FIRST],
-                    columns[child, SPACE],
-                )
-                best[mid, :] = best[child, :]
-                children[_key(node, seq[pos])] = mid
-                columns[child, PARENT] = mid
-                columns[child, START] += cut
-                columns[child, LENGTH] -= cut
-                children[_key(mid, store[columns[child, START]])] = child
-                child = mid
-            if pos < prompt_len:
-                columns[child, COUNT] += 1
-                if columns[child, FIRST] < 0:
-                    columns[child, FIRST] = request
-            for v in range(n_views):
-                best[child, v] = max(best[child, v], kept[v])
-            pos += cut
-            node = child
-    sizes[N_REQUESTS] += n_requests
-    return hits, columns, best, store

@@ -25,11 +25,13 @@ progression); ``first_tokens`` is the builder's table of each run's first token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
-from cache_models.workload import Workload, offsets_of
+from cache_models.workload import Workload, concat_workloads, gather, offsets_of
 
 RUN_STEP = 0x7FEB352D  # the step between consecutive tokens of a run (mod 2^31)
 TOKEN_MASK = 0x7FFFFFFF
@@ -70,8 +72,24 @@ class RunWorkload:
         return _run_sums(self.output_weights, self.runs.output_offsets)
 
     @property
-    def prompt_tokens_total(self) -> int:
+    def arrival_s(self) -> np.ndarray | None:
+        return self.runs.arrival_s
+
+    @property
+    def prompt_token_count(self) -> int:
+        """Prompt tokens of all the requests."""
         return int(self.prompt_weights.sum(dtype=np.int64))
+
+    def select(self, indices: np.ndarray) -> RunWorkload:
+        """The requests at ``indices``, in that order."""
+        indices = np.asarray(indices, np.int64)
+        runs = self.runs
+        return RunWorkload(
+            runs.select(indices),
+            gather(self.prompt_weights, runs.prompt_offsets, indices)[0].astype(np.int32),
+            gather(self.output_weights, runs.output_offsets, indices)[0].astype(np.int32),
+            self.first_tokens,
+        )
 
     def kernel_weights(self) -> tuple[np.ndarray, np.ndarray]:
         """The prompt and output weights as contiguous int32 arrays (one compiled version)."""
@@ -92,19 +110,38 @@ def expand_entries(
 ) -> tuple[np.ndarray, int]:
     """The tokens entries stand for (int32), and the next unknown id: a known run's tokens are
     its progression, an unknown entry's ``w`` tokens are fresh unique negative ids."""
-    weights = np.asarray(weights, np.int64)
-    starts = offsets_of(weights)
-    total = int(starts[-1])
-    owner = np.repeat(np.arange(len(ids)), weights)
-    within = np.arange(total, dtype=np.int64) - starts[:-1][owner]
-    entry_ids = np.asarray(ids, np.int64)[owner]
-    known = entry_ids >= 0
-    tokens = np.empty(total, np.int64)
-    first = np.asarray(first_tokens, np.int64)[entry_ids[known]]
-    tokens[known] = (first + within[known] * RUN_STEP) & TOKEN_MASK
-    n_unknown = int((~known).sum())
-    tokens[~known] = next_unknown - np.arange(n_unknown, dtype=np.int64)
-    return tokens.astype(np.int32), next_unknown - n_unknown
+    weights = np.ascontiguousarray(weights, np.int64)
+    tokens = np.empty(int(weights.sum()), np.int32)
+    next_unknown = _expand(
+        np.ascontiguousarray(ids, np.int64),
+        weights,
+        np.ascontiguousarray(first_tokens, np.int64),
+        next_unknown,
+        tokens,
+    )
+    return tokens, next_unknown
+
+
+@njit(cache=True, nogil=True)
+def _expand(
+    ids: np.ndarray, weights: np.ndarray, first_tokens: np.ndarray, unknown: int, out: np.ndarray
+) -> int:
+    """Write the tokens of each entry into ``out``; returns the next unknown id."""
+    at = 0
+    for e in range(len(ids)):
+        run, width = ids[e], weights[e]
+        if run >= 0:
+            token = first_tokens[run]
+            for _ in range(width):
+                out[at] = token
+                token = (token + RUN_STEP) & TOKEN_MASK
+                at += 1
+        else:
+            for _ in range(width):
+                out[at] = unknown
+                unknown -= 1
+                at += 1
+    return unknown
 
 
 def expand(workload: RunWorkload, next_unknown: int = -1) -> tuple[Workload, int]:
@@ -130,3 +167,18 @@ def expand(workload: RunWorkload, next_unknown: int = -1) -> tuple[Workload, int
         max_new_tokens=runs.max_new_tokens,
     )
     return expanded, next_unknown
+
+
+def concat_runs(parts: Sequence[RunWorkload]) -> RunWorkload:
+    """Consecutive run-length chunks of one log (one run table) as one."""
+    return RunWorkload(
+        concat_workloads([p.runs for p in parts]),
+        np.concatenate([p.prompt_weights for p in parts]),
+        np.concatenate([p.output_weights for p in parts]),
+        parts[0].first_tokens,
+    )
+
+
+def as_tokens(workload: Workload | RunWorkload) -> Workload:
+    """``workload`` as tokens: a run-length one expanded, a token one as it is."""
+    return expand(workload)[0] if isinstance(workload, RunWorkload) else workload

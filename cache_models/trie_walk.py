@@ -16,6 +16,7 @@ def nodes_on_paths(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every (request, node) where ``marked[node]`` and the request's prompt holds the node's
     whole path (``trie`` built from ``workload``), ordered by request then depth."""
+    trie = trie.expanded
     stop_depth = int(trie.depth[marked].max()) if marked.any() else 0
     return _marked_on_paths(
         child_map(trie),
@@ -32,6 +33,7 @@ def nodes_on_paths(
 
 def child_map(trie: TrieNodes) -> Dict:
     """The child map, keyed as the trie keys it: (parent, first token); roots by namespace."""
+    trie = trie.expanded
     return _children(trie.parent, trie.start, trie.length, trie.namespace, trie.store)
 
 

@@ -55,6 +55,11 @@ default, in ``_vllm_kernel``) and the plain Python reference (``implementation="
 ``_vllm_reference``), which reads like vLLM's own block pool and manager. This facade holds the
 config, the adapter to the kernel and the result; the engine rules both use are
 ``engine_rules``.
+
+A run-length workload (``cache_models.runs``, a hash-id trace's runs of synthetic tokens) replays
+sequentially in the fast path (``_vllm_runs``: a key per block over the runs it holds), whole or
+in a session, with the per-request results of replaying ``expand(workload)``; the other modes and
+the reference take tokens only (expand first).
 """
 
 from __future__ import annotations
@@ -64,11 +69,15 @@ from typing import Literal
 import numpy as np
 
 from cache_models import _vllm_kernel as kernel
+from cache_models import _vllm_runs as run_kernel
 from cache_models import engine_rules as rules
 from cache_models._vllm_reference import COUNTERS, NO_BUDGET, ReferenceReplay
 from cache_models.config import VllmConfig
 from cache_models.result import ReplayResult
-from cache_models.workload import Workload
+from cache_models.runs import RunWorkload
+from cache_models.workload import Workload, offsets_of
+
+MIN_SLICE_BLOCKS = 1 << 16  # the fewest peak blocks a slice of a run-length replay may hold
 
 Implementation = Literal["fast", "reference"]  # the numba kernel or the readable reference
 
@@ -83,7 +92,12 @@ class VllmPrefixCache:
         self.config = config
         self.implementation = implementation
 
-    def replay(self, workload: Workload) -> ReplayResult:
+    def replay(self, workload: Workload | RunWorkload) -> ReplayResult:
+        """Per-request hits and counters of ``workload``; a run-length workload
+        (``cache_models.runs``) replays sequentially only, with the results of its expansion."""
+        if isinstance(workload, RunWorkload):
+            _check_runs(self.config, self.implementation)
+            return _replay_runs(self.config, workload, None)[0]
         if self.config.time_model is not None:
             if workload.arrival_s is None:
                 raise ValueError("a time_model replay needs workload.arrival_s")
@@ -110,8 +124,18 @@ class VllmSession:
         self.config = config
         self.reference = ReferenceReplay(config) if implementation == "reference" else None
         self.pool: kernel.Pool | None = None  # the fast path's pool, once fed
+        self.runs: bool | None = None  # whether it is fed run-length chunks (None: not yet fed)
 
-    def feed(self, chunk: Workload) -> ReplayResult:
+    def feed(self, chunk: Workload | RunWorkload) -> ReplayResult:
+        runs = isinstance(chunk, RunWorkload)
+        if self.runs is not None and runs != self.runs:
+            raise ValueError("a session is fed tokens or runs, not both")
+        if runs:
+            _check_runs(self.config, "reference" if self.reference is not None else "fast")
+        self.runs = runs
+        if runs:
+            result, self.pool = _replay_runs(self.config, chunk, self.pool)
+            return result
         if self.reference is not None:
             return _reference_result(self.reference, chunk)
         result, self.pool = _replay_fast(self.config, chunk, self.pool, room_ahead=True)
@@ -123,10 +147,19 @@ class VllmSession:
         return 0 if self.pool is None else sum(array.nbytes for array in self.pool)
 
 
-def _peak_blocks(workload: Workload, block_size: int) -> np.ndarray:
+def _peak_blocks(workload: Workload | RunWorkload, block_size: int) -> np.ndarray:
     """Blocks each request holds at its peak: prompt plus all outputs but the last."""
     peak_tokens = rules.vllm_peak_tokens(workload.prompt_lengths, workload.output_lengths)
     return rules.ceil_div(peak_tokens, block_size)
+
+
+def _check_runs(config: VllmConfig, implementation: Implementation) -> None:
+    """Run-length workloads replay sequentially, in the fast path only."""
+    if config.max_in_flight != 1 or config.time_model is not None or implementation != "fast":
+        raise ValueError(
+            "run-length workloads replay sequentially (max_in_flight=1, no time_model, the fast "
+            "implementation): expand them first (cache_models.runs.expand)"
+        )
 
 
 def _reference_result(reference: ReferenceReplay, workload: Workload) -> ReplayResult:
@@ -138,18 +171,86 @@ def _result(
     hit_tokens: np.ndarray,
     counters: dict[str, np.ndarray],
     block_size: int,
-    workload: Workload,
+    workload: Workload | RunWorkload,
 ) -> ReplayResult:
     """Assemble the result; metrics count first admissions only, as vLLM's exported counters do,
     and not requests that skipped the lookup (``KVCacheManager.record_prefix_cache_stats``)."""
     counters["evicted_tokens"] = counters["evicted_blocks"] * block_size
-    counted = (counters["rejected"] == 0) & ~workload.skips_lookup
+    skips = (
+        workload.runs.skips_lookup if isinstance(workload, RunWorkload) else workload.skips_lookup
+    )
+    counted = (counters["rejected"] == 0) & ~skips
     metrics = {
         "vllm:prefix_cache_queries": int(workload.prompt_lengths[counted].sum()),
         "vllm:prefix_cache_hits": int(hit_tokens.sum()),
         "vllm:num_preemptions": int(counters["preemptions"].sum()),
     }
     return ReplayResult("vllm", hit_tokens, {name: counters[name] for name in COUNTERS}, metrics)
+
+
+def _empty_or_grown(
+    config: VllmConfig, peaks: np.ndarray, pool: kernel.Pool | None, room_ahead: bool
+) -> tuple[kernel.Pool, np.ndarray]:
+    """The pool to replay from (None: an empty cache), grown ahead for a session's chunk, and
+    which requests can run at all (their peak fits the capacity)."""
+    limit = kernel.UNBOUNDED if config.usable_blocks is None else config.usable_blocks
+    if pool is None:
+        pool = kernel.pool_arrays(limit, min(limit + 1, 1024))
+    runnable = peaks <= limit
+    if room_ahead:  # allocated here by numpy (huge pages); the kernel grows it if need be
+        pool = kernel.with_room(pool, int(peaks[runnable].sum()))
+    return pool, runnable
+
+
+def _counters(tally: np.ndarray, runnable: np.ndarray) -> dict[str, np.ndarray]:
+    return {
+        "evicted_blocks": tally[kernel.EVICTED],
+        "inserted_blocks": tally[kernel.INSERTED],
+        "duplicate_blocks": tally[kernel.DUPLICATE],
+        "preemptions": tally[kernel.PREEMPTIONS],
+        "rehit_tokens": tally[kernel.REHIT],
+        "rejected": (~runnable).astype(np.int64),
+    }
+
+
+def _replay_runs(
+    config: VllmConfig, workload: RunWorkload, pool: kernel.Pool | None
+) -> tuple[ReplayResult, kernel.Pool]:
+    """The sequential replay of a run-length workload (``_vllm_runs``) from ``pool`` (None: an
+    empty cache), in slices of requests whose peak blocks fit the pool's size: before each, the
+    pool grows here (numpy's huge pages, about twice as fast on the map's random probes as the
+    kernel's own growth), at most doubling, so memory follows the blocks kept."""
+    size = config.block_size
+    peaks = _peak_blocks(workload, size)
+    pool, runnable = _empty_or_grown(config, peaks, pool, room_ahead=False)
+    held = offsets_of(np.where(runnable, peaks, 0))
+    tally = np.zeros((6, workload.n_requests), np.int64)
+    runs = workload.runs
+    prompt_weights, output_weights = workload.kernel_weights()
+    arrays = (
+        np.ascontiguousarray(runs.prompt_tokens, np.int32),
+        prompt_weights,
+        np.ascontiguousarray(runs.prompt_offsets, np.int64),
+        np.ascontiguousarray(runs.output_tokens, np.int32),
+        output_weights,
+        np.ascontiguousarray(runs.output_offsets, np.int64),
+        workload.prompt_lengths,
+        workload.output_lengths,
+        np.ascontiguousarray(runs.namespace, np.int32),
+        runnable,
+        runs.skips_lookup,
+        size,
+        max(1, int(peaks[runnable].max(initial=0))),
+        tally,
+    )
+    first = 0
+    while first < workload.n_requests:
+        bound = held[first] + max(len(pool.key), MIN_SLICE_BLOCKS)
+        stop = max(first + 1, int(np.searchsorted(held, bound, "right")) - 1)
+        pool = kernel.with_room(pool, int(held[stop] - held[first]))
+        pool = run_kernel.replay_sequential(pool, *arrays, first, stop)
+        first = stop
+    return _result(tally[kernel.HIT], _counters(tally, runnable), size, workload), pool
 
 
 def _replay_fast(
@@ -161,12 +262,7 @@ def _replay_fast(
     goes, as its bound, every block of the log, can be far above the blocks it keeps)."""
     size = config.block_size
     peaks = _peak_blocks(workload, size)
-    limit = kernel.UNBOUNDED if config.usable_blocks is None else config.usable_blocks
-    if pool is None:
-        pool = kernel.pool_arrays(limit, min(limit + 1, 1024))
-    runnable = peaks <= limit
-    if room_ahead:  # allocated here by numpy (huge pages); the kernel grows it if need be
-        pool = kernel.with_room(pool, int(peaks[runnable].sum()))
+    pool, runnable = _empty_or_grown(config, peaks, pool, room_ahead)
     tally = np.zeros((6, workload.n_requests), np.int64)
     args = (
         np.ascontiguousarray(workload.prompt_tokens, np.int32),
@@ -192,12 +288,4 @@ def _replay_fast(
     else:
         budget = config.max_num_batched_tokens or NO_BUDGET
         pool = kernel.replay_lock_step(pool, *args, budget, config.long_prefill_token_threshold)
-    counters = {
-        "evicted_blocks": tally[kernel.EVICTED],
-        "inserted_blocks": tally[kernel.INSERTED],
-        "duplicate_blocks": tally[kernel.DUPLICATE],
-        "preemptions": tally[kernel.PREEMPTIONS],
-        "rehit_tokens": tally[kernel.REHIT],
-        "rejected": (~runnable).astype(np.int64),
-    }
-    return _result(tally[kernel.HIT], counters, size, workload), pool
+    return _result(tally[kernel.HIT], _counters(tally, runnable), size, workload), pool

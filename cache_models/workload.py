@@ -71,6 +71,11 @@ class Workload:
         return np.diff(self.prompt_offsets)
 
     @property
+    def prompt_token_count(self) -> int:
+        """Prompt tokens of all the requests (as ``RunWorkload.prompt_token_count``)."""
+        return int(self.prompt_offsets[-1])
+
+    @property
     def output_lengths(self) -> np.ndarray:
         return np.diff(self.output_offsets)
 
@@ -153,8 +158,8 @@ class Workload:
         """A new workload holding the requests at ``indices``, in that order (array gathers
         only: no per-request arrays)."""
         indices = np.asarray(indices, np.int64)
-        prompts, prompt_offsets = _gather(self.prompt_tokens, self.prompt_offsets, indices)
-        outputs, output_offsets = _gather(self.output_tokens, self.output_offsets, indices)
+        prompts, prompt_offsets = gather(self.prompt_tokens, self.prompt_offsets, indices)
+        outputs, output_offsets = gather(self.output_tokens, self.output_offsets, indices)
         return Workload(
             prompt_tokens=prompts.astype(np.int32, copy=False),
             prompt_offsets=prompt_offsets,
@@ -237,7 +242,7 @@ def offsets_of(lengths: np.ndarray) -> np.ndarray:
     return offsets
 
 
-def _gather(
+def gather(
     tokens: np.ndarray, offsets: np.ndarray, indices: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The token runs of ``indices`` (flat tokens + offsets), concatenated in that order."""
@@ -245,3 +250,45 @@ def _gather(
     new_offsets = offsets_of(lengths)
     shift = np.repeat(offsets[:-1][indices] - new_offsets[:-1], lengths)
     return tokens[np.arange(new_offsets[-1]) + shift], new_offsets
+
+
+def concat_workloads(workloads: Sequence[Workload]) -> Workload:
+    """Consecutive chunks of one log as one workload."""
+    if len(workloads) == 1:
+        return workloads[0]
+    arrivals = [w.arrival_s for w in workloads]
+    return Workload(
+        prompt_tokens=np.concatenate([w.prompt_tokens for w in workloads]),
+        prompt_offsets=_joined_offsets([w.prompt_offsets for w in workloads]),
+        output_tokens=np.concatenate([w.output_tokens for w in workloads]),
+        output_offsets=_joined_offsets([w.output_offsets for w in workloads]),
+        namespace=np.concatenate([w.namespace for w in workloads]),
+        stop_finish=np.concatenate([w.stop_finish for w in workloads]),
+        arrival_s=None if any(a is None for a in arrivals) else np.concatenate(arrivals),
+        priority=_joined_column([w.priority for w in workloads], [w.priorities for w in workloads]),
+        skip_prefix_lookup=_joined_column(
+            [w.skip_prefix_lookup for w in workloads], [w.skips_lookup for w in workloads]
+        ),
+        hit_limit=_joined_column(
+            [w.hit_limit for w in workloads], [w.hit_limits for w in workloads]
+        ),
+        max_new_tokens=_joined_column(
+            [w.max_new_tokens for w in workloads], [w.max_new_tokens_given for w in workloads]
+        ),
+    )
+
+
+def _joined_column(
+    given: Sequence[np.ndarray | None], filled: Sequence[np.ndarray]
+) -> np.ndarray | None:
+    """An optional per-request column over joined chunks: None when no chunk has it, otherwise
+    each chunk's values (its default where it has none)."""
+    return None if all(g is None for g in given) else np.concatenate(filled)
+
+
+def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    shifted, base = [np.zeros(1, np.int64)], 0
+    for offsets in parts:
+        shifted.append(offsets[1:] + base)
+        base += int(offsets[-1])
+    return np.concatenate(shifted)

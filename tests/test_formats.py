@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from analyzer.errors import PrefixcheckError, StrictModeError
-from analyzer.loaders import detect_format, load_logs
+from analyzer.loaders import detect_format, hash_trace, load_logs
 from analyzer.loaders.mapped import FieldMap
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -274,12 +274,14 @@ def test_sglang_server_log() -> None:
 
 def test_hash_traces() -> None:
     bailian = load("bailian_trace.jsonl").records
-    assert [len(r.prompt_token_ids) for r in bailian] == [40, 70]
-    assert np.array_equal(bailian[0].prompt_token_ids[:32], bailian[1].prompt_token_ids[:32])
-    assert bailian[0].prompt_token_ids[32] != bailian[1].prompt_token_ids[32]
+    prompts = [hash_trace.expanded(r.hash_blocks)[0] for r in bailian]
+    assert [len(p) for p in prompts] == [40, 70]
+    assert np.array_equal(prompts[0][:32], prompts[1][:32])
+    assert prompts[0][32] != prompts[1][32]
     assert bailian[1].arrival_s == 2.5 and bailian[1].request_id == "1"
     mooncake = load("mooncake_trace.jsonl").records
-    assert mooncake[1].arrival_s == 0.25 and len(mooncake[1].prompt_token_ids) == 1600
+    assert mooncake[1].arrival_s == 0.25 and mooncake[1].hash_blocks.prompt_length == 1600
+    assert len(hash_trace.expanded(mooncake[1].hash_blocks)[0]) == 1600
 
 
 def test_compressed_parquet_and_folders(tmp_path: Path) -> None:

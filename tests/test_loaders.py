@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from analyzer.errors import PrefixcheckError, Skip, StrictModeError
-from analyzer.loaders import detect_format, load_logs
+from analyzer.loaders import detect_format, hash_trace, load_logs
 from analyzer.loaders.hash_trace import expand_hash_ids
 from analyzer.loaders.jsonl import json_object
 
@@ -106,7 +106,9 @@ def test_hash_trace_format(tmp_path: Path) -> None:
     loaded = load_logs([log])
     assert loaded.formats[str(log)] == "hash-trace"
     (record,) = loaded.records
-    assert len(record.prompt_token_ids) == 600
+    assert record.prompt_token_ids is None  # read as ids: expanded when tokenized
+    prompt, answer = hash_trace.expanded(record.hash_blocks)
+    assert len(prompt) == 600 and answer is None
     assert (record.output_length, record.arrival_s) == (20, 1.5)
 
 

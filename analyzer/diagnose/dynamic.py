@@ -108,6 +108,7 @@ def find_dynamic_content(
     decoder: Tokenizer | None,
 ) -> tuple[list[Site], Spans]:
     """The dynamic sites of ``workload`` (``trie`` built from it) and every prompt's value span."""
+    trie = trie.expanded  # the windows read the store as tokens
     found = _find_sites(trie, min_static)
     if not found:
         empty = np.zeros(0, np.int64)

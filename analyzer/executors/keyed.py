@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cache_models.workload import Workload, _gather, offsets_of
+from cache_models.workload import Workload, gather, offsets_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -95,6 +95,10 @@ class KeyedWorkload:
         return len(self.prompt_offsets) - 1
 
     @property
+    def prompt_token_count(self) -> int:
+        return int(self.prompt_offsets[-1])
+
+    @property
     def prompt_lengths(self) -> np.ndarray:
         return np.diff(self.prompt_offsets)
 
@@ -149,7 +153,7 @@ def _gathered(column: Any, rows: np.ndarray, unknown_base: int) -> tuple[np.ndar
     past earlier shards' (``unknown_base``)."""
     array = column.combine_chunks()
     values = array.values.to_numpy(zero_copy_only=False)
-    tokens, offsets = _gather(values, array.offsets.to_numpy(), rows)
+    tokens, offsets = gather(values, array.offsets.to_numpy(), rows)
     tokens = tokens.astype(np.int32, copy=False)
     if unknown_base:
         tokens = np.where(tokens < 0, tokens - unknown_base, tokens).astype(np.int32)

@@ -469,7 +469,7 @@ def _table(logs: list, lines: np.ndarray) -> tuple[pa.Table, np.ndarray, Workloa
     their workload (None: no request)."""
     import pyarrow as pa
 
-    from analyzer.ingest import concat_workloads
+    from cache_models.workload import concat_workloads
 
     if not logs:
         return pa.table({}), np.zeros(0, np.int64), None

@@ -5,10 +5,15 @@ one id per block of ``block_size`` prompt tokens, the last block partial.
 
 Each id is expanded into synthetic token ids so that equal ids give equal tokens and different ids
 differ at every position of the block: token ``j`` of id ``h`` is ``(h * A + j * C) mod 2^31`` with
-``A`` odd, one-to-one in ``h`` for each ``j``. The ids chain (equal id, equal prefix), so this
-reproduces every match the trace implies and puts each divergence at the start of the first
-differing block, which is all a trace can tell; no two blocks look alike after their first token
-(which would read as a varying value followed by shared text).
+``A`` odd (``ID_FACTOR``; ``C`` is ``RUN_STEP``), one-to-one in ``h`` for each ``j``. The ids
+chain (equal id, equal prefix), so this reproduces every match the trace implies and puts each
+divergence at the start of the first differing block, which is all a trace can tell; no two
+blocks look alike after their first token (which would read as a varying value followed by shared
+text).
+
+A line is read into its ids (``HashBlocks``), not its tokens: tokenizing expands them
+(``expanded``), and a sequential replay takes the trace as runs of tokens without expanding them
+(``cache_models.hash_runs``).
 
 ``output_hash_ids`` (written by ``prefixcheck export-trace`` where the log had the answer; other
 tools ignore it) continue the chain over the answer's tokens: prompt and answer are the first
@@ -26,7 +31,9 @@ import numpy as np
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import int_list, optional_int, optional_number
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS
-from analyzer.records import Record
+from analyzer.records import HashBlocks, Record
+from cache_models.hash_runs import ID_FACTOR
+from cache_models.runs import RUN_STEP
 
 DEFAULT_BLOCK_SIZE = 512
 BAILIAN_BLOCK_SIZE = 16
@@ -40,10 +47,6 @@ def matches_bailian(obj: dict[str, Any]) -> bool:
     return "hash_ids" in obj and "chat_id" in obj
 
 
-_ID_FACTOR = 0x9E3779B1  # odd: h -> h * A mod 2^31 is one-to-one
-_OFFSET_FACTOR = 0x7FEB352D
-
-
 def expand_hash_ids(
     hash_ids: np.ndarray | list[int], input_length: int, block_size: int
 ) -> np.ndarray:
@@ -54,7 +57,7 @@ def expand_hash_ids(
     ids = np.asarray(hash_ids, dtype=np.int64).astype(np.uint32)
     tokens = np.empty((len(ids), block_size), np.uint32)
     np.add(
-        (ids * np.uint32(_ID_FACTOR))[:, None],
+        (ids * np.uint32(ID_FACTOR))[:, None],
         _offset_terms(block_size)[None, :],
         out=tokens,
     )
@@ -65,7 +68,7 @@ def expand_hash_ids(
 @lru_cache(maxsize=8)
 def _offset_terms(block_size: int) -> np.ndarray:
     """``j * C mod 2^32`` for each offset j of a block (read-only: shared between calls)."""
-    terms = (np.arange(block_size, dtype=np.uint64) * _OFFSET_FACTOR).astype(np.uint32)
+    terms = (np.arange(block_size, dtype=np.uint64) * RUN_STEP).astype(np.uint32)
     terms.flags.writeable = False
     return terms
 
@@ -94,13 +97,17 @@ def parse(
         raise BadLine(f"output_length must be >= 0, got {output_length}")
     timestamp = optional_number(obj, "timestamp")
     bailian = "chat_id" in obj
-    prompt = expand_hash_ids(hash_ids, input_length, block_size)
-    answer = _answer(obj, hash_ids, input_length, output_length, block_size)
+    more = _output_ids(obj, hash_ids, input_length, output_length, block_size)
+    known = input_length if more is None else input_length + (output_length or 0)
     return Record(
         file=file,
         line=line,
-        prompt_token_ids=prompt,
-        output_token_ids=answer,
+        hash_blocks=HashBlocks(
+            np.asarray(hash_ids if more is None else [*hash_ids, *more], np.int64),
+            block_size,
+            input_length,
+            known,
+        ),
         output_length=output_length,
         # Mooncake timestamps are milliseconds, Bailian's seconds.
         arrival_s=None if timestamp is None else timestamp if bailian else timestamp / 1000.0,
@@ -108,14 +115,22 @@ def parse(
     )
 
 
-def _answer(
+def expanded(blocks: HashBlocks) -> tuple[np.ndarray, np.ndarray | None]:
+    """A request's prompt tokens, and its answer's (None when the line has no output ids)."""
+    tokens = expand_hash_ids(blocks.ids, blocks.known_length, blocks.block_size)
+    prompt = tokens[: blocks.prompt_length]
+    answer = tokens[blocks.prompt_length :] if blocks.known_length > blocks.prompt_length else None
+    return prompt, answer
+
+
+def _output_ids(
     obj: dict[str, Any],
     hash_ids: list[int],
     input_length: int,
     output_length: int | None,
     block_size: int,
 ) -> list[int] | None:
-    """The answer's synthetic tokens from ``output_hash_ids`` (None when the line has none)."""
+    """The answer's ids from ``output_hash_ids`` (None when the line has none)."""
     if "output_hash_ids" not in obj:
         return None
     more = int_list(obj, "output_hash_ids", required=True)
@@ -127,7 +142,4 @@ def _answer(
             f"{len(more)} output_hash_ids for input_length {input_length} and output_length "
             f"{output_length}: expected {expected} more blocks of {block_size} tokens"
         )
-    tokens = expand_hash_ids(
-        np.concatenate([hash_ids, more]), input_length + output_length, block_size
-    )
-    return tokens[input_length:].tolist()
+    return more

@@ -35,6 +35,8 @@ from analyzer.measure.sampling import stratified_sample
 from analyzer.measure.timing import Timer, Timing
 from analyzer.measure.weights import load_decoder, read_shape
 from analyzer.progress import Progress
+from cache_models.runs import as_tokens
+from cache_models.workload import Workload
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LOGITS_RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
@@ -64,7 +66,7 @@ class Measurer:
 
     def __call__(self, analysis: Analysis, progress: Progress) -> Measurement:
         options, shape = self.options, self.shape
-        workload = analysis.tokenized.workload
+        workload = as_tokens(analysis.tokenized.workload)
         hits = {
             "vllm": analysis.replays.vllm.hit_tokens,
             "sglang": analysis.replays.sglang.hit_tokens,
@@ -79,7 +81,7 @@ class Measurer:
         progress.stage("measuring prefills", len(sample))
         measured, skipped = [], []
         for index in sample[np.argsort(prompt_lengths[sample], kind="stable")].tolist():
-            outcome = bench.request(analysis, index, hits)
+            outcome = bench.request(analysis, workload, index, hits)
             (measured if isinstance(outcome, RequestMeasurement) else skipped).append(outcome)
             progress.advance(1)
         if not measured:
@@ -151,10 +153,11 @@ class _Bench:
         self.decoder.prefill(ids[WARMUP_TOKENS // 2 :], WARMUP_TOKENS // 2, self.cache)
 
     def request(
-        self, analysis: Analysis, index: int, hits: dict[str, np.ndarray]
+        self, analysis: Analysis, workload: Workload, index: int, hits: dict[str, np.ndarray]
     ) -> RequestMeasurement | SkippedRequest:
-        """Request ``index`` measured, or skipped with the reason (out of memory)."""
-        prompt = analysis.tokenized.workload.prompt(index)
+        """Request ``index`` of ``workload`` (the analysis's, as tokens) measured, or skipped
+        with the reason (out of memory)."""
+        prompt = workload.prompt(index)
         row = analysis.tokenized.requests.row(index, named=True)
         where = (index, str(row["file"]), int(row["line"]), len(prompt))
         try:

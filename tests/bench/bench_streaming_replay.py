@@ -27,12 +27,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from analyzer.ingest import concat_workloads
 from cache_models.config import SglangConfig, VllmConfig
 from cache_models.prefix_trie import PrefixTrie
 from cache_models.sglang_radix import SglangRadixCache, SglangSession
 from cache_models.vllm_apc import VllmPrefixCache, VllmSession
-from cache_models.workload import Workload
+from cache_models.workload import Workload, concat_workloads
 
 VOCAB = 150_000
 CHUNK_TOKENS = 1_000_000

@@ -1,0 +1,210 @@
+"""The prefix trie's kernels (``prefix_trie``): the node arrays, the child map, and the pass
+that matches then inserts each request of a token workload (``feed_tokens``; the run-length
+one is ``_trie_runs``)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.typed import Dict
+
+NO_CHILD = -1
+# Columns of the kernel's node matrix, in TrieNodes' order; entries of its sizes.
+PARENT, START, LENGTH, DEPTH, COUNT, FIRST, SPACE = range(7)
+N_COLUMNS = 7
+N_NODES, N_STORE, N_REQUESTS = range(3)
+
+
+@njit(cache=True)
+def empty_children():
+    """The child map, made in compiled code: ``Dict.empty`` called from Python compiles its
+    constructor anew in every process (~0.3 s), this is loaded from numba's cache."""
+    return Dict.empty(key_type=types.int64, value_type=types.int64)
+
+
+@njit(cache=True)
+def child_key(node: int, token: int) -> int:
+    return (node << 32) | (token & 0xFFFFFFFF)
+
+
+@njit(cache=True)
+def find_child(children, node: int, token: int) -> int:
+    key = child_key(node, token)
+    return children[key] if key in children else NO_CHILD  # noqa: SIM401 (numba: .get is Optional)
+
+
+@njit(cache=True)
+def grow(array: np.ndarray, needed: int) -> np.ndarray:
+    if needed <= len(array):
+        return array
+    bigger = np.empty(max(needed, 2 * len(array)), array.dtype)
+    bigger[: len(array)] = array
+    return bigger
+
+
+@njit(cache=True)
+def grow_rows(array: np.ndarray, needed: int) -> np.ndarray:
+    if needed <= len(array):
+        return array
+    bigger = np.zeros((max(needed, 2 * len(array)), array.shape[1]), array.dtype)
+    bigger[: len(array)] = array
+    return bigger
+
+
+@njit(cache=True)
+def add_node(columns, best, sizes, parent, start, length, depth, count, first, space):
+    """Append a node (the arrays grow geometrically); returns its id and the arrays."""
+    node = sizes[N_NODES]
+    sizes[N_NODES] = node + 1
+    columns = grow_rows(columns, node + 1)
+    best = grow_rows(best, node + 1)
+    columns[node, PARENT], columns[node, START], columns[node, LENGTH] = parent, start, length
+    columns[node, DEPTH], columns[node, COUNT], columns[node, FIRST] = depth, count, first
+    columns[node, SPACE] = space
+    return node, columns, best
+
+
+@njit(cache=True, nogil=True)
+def feed_tokens(
+    columns,
+    best,
+    store,
+    children,
+    sizes,
+    prompt_tokens,
+    prompt_offsets,
+    output_tokens,
+    output_offsets,
+    namespace,
+    stop_finish,
+    view_granularity,
+    view_vllm,
+):
+    """Match then insert each request (see the module docstring); ``best[node, view]`` is the most
+    any sequence through the node keeps in that view."""
+    n_requests = len(prompt_offsets) - 1
+    n_views = len(view_granularity)
+    hits = np.zeros((n_views, n_requests), np.int64)
+    reach = np.zeros(n_views, np.int64)  # per view: the longest min(LCP, kept) so far
+    kept = np.zeros(n_views, np.int64)  # per view: what the engine keeps of this request
+    seq = np.zeros(1024, np.int32)
+
+    for r in range(n_requests):
+        request = sizes[N_REQUESTS] + r  # counted over the whole stream
+        p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
+        o0, o1 = output_offsets[r], output_offsets[r + 1]
+        prompt_len = p1 - p0
+        n_out = (o1 - o0) if stop_finish[r] else (o1 - o0 - 1)
+        seq = grow(seq, prompt_len + n_out)
+        seq[:prompt_len] = prompt_tokens[p0:p1]
+        seq[prompt_len : prompt_len + n_out] = output_tokens[o0 : o0 + n_out]
+        seq_len = prompt_len + n_out
+        for i in range(seq_len):  # nothing after an unknown token can ever match
+            if seq[i] < 0:
+                seq_len = i
+                break
+        for v in range(n_views):
+            g = view_granularity[v]
+            n_kept = (o1 - o0 - 1) if view_vllm[v] else n_out
+            kept[v] = min((prompt_len + n_kept) // g * g, seq_len)
+
+        root = find_child(children, 0, namespace[r])
+        if root == NO_CHILD:
+            root, columns, best = add_node(columns, best, sizes, 0, 0, 0, 0, 0, -1, namespace[r])
+            children[child_key(0, namespace[r])] = root
+
+        # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
+        limit = min(prompt_len - 1, seq_len)
+        reach[:] = 0
+        node, pos = root, 0
+        while pos < limit:
+            child = find_child(children, node, seq[pos])
+            if child == NO_CHILD:
+                break
+            edge, span = columns[child, START], columns[child, LENGTH]
+            m = 0
+            while m < span and pos + m < limit and store[edge + m] == seq[pos + m]:
+                m += 1
+            pos += m
+            for v in range(n_views):
+                reach[v] = max(reach[v], min(pos, best[child, v]))
+            if m < span:
+                break
+            node = child
+        for v in range(n_views):
+            g = view_granularity[v]
+            hits[v, r] = min(prompt_len - 1, reach[v]) // g * g
+
+        # 2. insert prompt + cacheable outputs, splitting at divergences and at the prompt end
+        node, pos = root, 0
+        while pos < seq_len:
+            child = find_child(children, node, seq[pos])
+            if child == NO_CHILD:
+                # new leaf(s): [pos, prompt_len) counted, then the output tail
+                cut = prompt_len if pos < prompt_len else seq_len
+                while pos < seq_len:
+                    end = min(cut, seq_len)
+                    n_store = sizes[N_STORE]
+                    store = grow(store, n_store + end - pos)
+                    store[n_store : n_store + end - pos] = seq[pos:end]
+                    sizes[N_STORE] = n_store + end - pos
+                    counted = pos < prompt_len
+                    leaf, columns, best = add_node(
+                        columns,
+                        best,
+                        sizes,
+                        node,
+                        n_store,
+                        end - pos,
+                        columns[node, DEPTH] + end - pos,
+                        1 if counted else 0,
+                        request if counted else -1,
+                        namespace[r],
+                    )
+                    best[leaf, :] = kept
+                    children[child_key(node, seq[pos])] = leaf
+                    node, pos, cut = leaf, end, seq_len
+                break
+            span = columns[child, LENGTH]
+            m = 0
+            while (
+                m < span and pos + m < seq_len and store[columns[child, START] + m] == seq[pos + m]
+            ):
+                m += 1
+            cut = min(m, prompt_len - pos) if pos < prompt_len else m
+            if cut < span:
+                if pos + cut == seq_len and pos + cut != prompt_len:
+                    # the sequence ends inside an output node: nothing to add but what it keeps
+                    for v in range(n_views):
+                        best[child, v] = max(best[child, v], kept[v])
+                    break
+                # split child at cut: mid takes the first cut tokens
+                mid, columns, best = add_node(
+                    columns,
+                    best,
+                    sizes,
+                    node,
+                    columns[child, START],
+                    cut,
+                    columns[node, DEPTH] + cut,
+                    columns[child, COUNT],
+                    columns[child, FIRST],
+                    columns[child, SPACE],
+                )
+                best[mid, :] = best[child, :]
+                children[child_key(node, seq[pos])] = mid
+                columns[child, PARENT] = mid
+                columns[child, START] += cut
+                columns[child, LENGTH] -= cut
+                children[child_key(mid, store[columns[child, START]])] = child
+                child = mid
+            if pos < prompt_len:
+                columns[child, COUNT] += 1
+                if columns[child, FIRST] < 0:
+                    columns[child, FIRST] = request
+            for v in range(n_views):
+                best[child, v] = max(best[child, v], kept[v])
+            pos += cut
+            node = child
+    sizes[N_REQUESTS] += n_requests
+    return hits, columns, best, store
