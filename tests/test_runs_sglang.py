@@ -166,9 +166,9 @@ def test_runs_share_hits_across_requests() -> None:
     """The runs' replay is not vacuous: the traces hit, and tight pools evict."""
     trace = random_trace(0)
     whole, _ = run_workload(trace, run_table(trace))
-    assert len(whole.runs.prompt_tokens) < whole.prompt_tokens_total
+    assert len(whole.runs.prompt_tokens) < whole.prompt_token_count
     unbounded = SglangRadixCache(SglangConfig()).replay(whole)
-    assert unbounded.hit_tokens.sum() > 0.2 * whole.prompt_tokens_total
+    assert unbounded.hit_tokens.sum() > 0.2 * whole.prompt_token_count
     largest = int((whole.prompt_lengths + whole.output_lengths).max())
     tight = SglangRadixCache(SglangConfig(capacity_tokens=2 * largest)).replay(whole)
     assert tight.counters["evicted_tokens"].sum() > 0
