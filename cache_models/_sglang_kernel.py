@@ -224,8 +224,10 @@ def _slot_of(t: Tree, n: int, page_size: int) -> int:
 
 @njit(cache=True, error_model="numpy")
 def _add_child(t: Tree, n: int, page_size: int) -> None:
+    """Map the live node ``n`` under its parent and first page."""
     if 2 * (t.ints[TABLE_FILL] + 1) > len(t.table):
-        _rehash(t, page_size)
+        _rehash(t, page_size)  # maps every live node, n included: adding it again would leave
+        return  # a second slot, which outlives its eviction and matches a dead row
     h = _node_hash(t, n, page_size)
     mask = len(t.table) - 1
     s = h & mask
