@@ -49,9 +49,10 @@ class IngestOptions:
     rendering: str = "vllm"  # --render-as: the server whose request preparation is reproduced
     cache_dir: Path | None = None  # the token cache; None: no cache
     fast_tokenizer: bool = True  # the tiktoken fast path for byte-level BPE tokenizer.json
-    # A hash-id trace is taken as runs of tokens, unexpanded (a sequential replay of engines
-    # that read runs: see ``analyzer.pipeline.replays_runs``); False: expanded into tokens.
-    hash_runs: bool = False
+    # A hash-id trace is taken as runs of tokens, unexpanded, cut for SGLang prefill chunks of
+    # this size (0: none) when the replay reads runs (``analyzer.pipeline.replays_runs``);
+    # None: expanded into tokens.
+    hash_runs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,13 +97,15 @@ class ChunkedIngest:
 
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
         records = self.records()
-        if self.options.hash_runs:
+        chunk = self.options.hash_runs
+        if chunk is not None:
             first = next(records, None)
             records = chain([] if first is None else [first], records)
-            if first is not None and first.hash_blocks is not None:
+            blocks = None if first is None else first.hash_blocks
+            if blocks is not None and chunk % blocks.block_size == 0:
                 read = list(records)  # its ids: a few bytes per block
                 if all(r.hash_blocks is not None for r in read):
-                    yield from self._run_chunks(read, chunk_records)
+                    yield from self._run_chunks(read, chunk_records, chunk)
                     return
                 records = iter(read)  # mixed with other formats: all of it as tokens
         meter = self.loaded.meter
@@ -136,12 +139,14 @@ class ChunkedIngest:
             self.report("reading", requests)
             yield Chunk(batch, tokenized)
 
-    def _run_chunks(self, read: list[Record], chunk_records: int) -> Iterator[Chunk]:
+    def _run_chunks(self, read: list[Record], chunk_records: int, chunk: int) -> Iterator[Chunk]:
         """A hash-id trace as runs: every line read first (the runs of an id are cut where any
-        request holding it needs a boundary), then chunks of runs."""
+        request holding it needs a boundary, SGLang's prefill chunks of ``chunk`` tokens
+        included), then chunks of runs. A chunk size that is not a multiple of the trace's
+        block takes the tokens (its cuts could land at any offset of a block)."""
         self.report("reading", len(read))
         trace = hash_trace_of(read)
-        table = run_table(trace)
+        table = run_table(trace, chunk)
         requests, start = 0, 0
         batches = iter(read)
         while batch := _take(batches, chunk_records):

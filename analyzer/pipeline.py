@@ -212,7 +212,9 @@ def read(
     routed = routing_fields(options.fleet, options.fleet_what_if)
     ingest = replace(
         with_routing_fields(options.ingest, routed),
-        hash_runs=replays_runs(options, on_executor=reader is not None),
+        hash_runs=options.settings.chunked_prefill_size
+        if replays_runs(options, on_executor=reader is not None)
+        else None,
     )
     if reader is None:
         reader = ChunkedIngest(paths, ingest, progress)
@@ -232,22 +234,17 @@ def _replaying(reader: ChunkedIngest, chunks: Iterator[Chunk]) -> Iterator[Chunk
         yield chunk
 
 
-ENGINES_READ_RUNS = False  # the engines' and the trie's run-length replays (being added)
-
-
 def replays_runs(options: AnalyzeOptions, on_executor: bool = False) -> bool:
     """Whether a hash-id trace is replayed as runs of tokens, never expanded: when every replay
-    of the log reads runs (sequential, in this process, one server, SGLang at page size 1
-    without chunked prefill). The diagnosis expands its sample (``_with_token_sample``)."""
+    of the log reads runs (sequential, in this process, one server, SGLang at page size 1). The
+    diagnosis expands its sample (``_with_token_sample``)."""
     settings = options.settings
     return (
-        ENGINES_READ_RUNS
-        and settings.sequential
+        settings.sequential
         and not on_executor
         and options.fleet is None
         and not options.fleet_what_if
         and settings.page_size == 1
-        and settings.chunked_prefill_size == 0
     )
 
 

@@ -385,6 +385,18 @@ def _at(cum: np.ndarray, k: int) -> int:
     return cum[k]
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _entry_at(cum: np.ndarray, n_entries: int, position: int) -> int:
+    """The entry position whose token position is ``position``, among the first ``n_entries``
+    (``position`` itself for tokens); a position inside an entry breaks the run contract."""
+    if len(cum) == 0:
+        return position
+    k = np.searchsorted(cum[: n_entries + 1], position)
+    if k > n_entries or cum[k] != position:
+        raise ValueError("a prefill chunk ends inside a run (run_table was not cut for it)")
+    return k
+
+
 @njit(cache=True, error_model="numpy")
 def _run_positions(
     cum: np.ndarray,
@@ -709,9 +721,10 @@ def replay_sequential(
 
     Runs (``cum`` holds room for the longest request's entries + 1; else it is empty): the
     "tokens" are run ids, each entry stands for its weight in tokens, and the caller
-    (``sglang_radix._run_inputs``) checked what this relies on: page size 1, no chunked prefill,
-    no hit limit, and one-token last entries where the match limit (L - 1) and a decode that
-    leaves the last output out (L + N - 1) cut."""
+    (``sglang_radix._run_inputs``) checked what this relies on: page size 1, no hit limit,
+    and one-token last entries where the match limit (L - 1) and a decode that leaves the last
+    output out (L + N - 1) cut. A prefill chunk's end must fall between entries (``_entry_at``
+    raises otherwise)."""
     ps = page_size
     runs = len(cum) > 0
     n_requests = len(prompt_offsets) - 1
@@ -730,7 +743,7 @@ def replay_sequential(
             rejected[i] = 1
             continue
         room = len(t.arena) - t.ints[ARENA_TOP]
-        if t.ints[FREE_TOP] < nodes_needed(prompt_len, chunk) or room < prompt_len + n_out:
+        if t.ints[FREE_TOP] < nodes_needed(prompt_tokens_in, chunk) or room < prompt_len + n_out:
             return i
         buf[:prompt_len] = prompt_tokens[p0:p1]
         buf[prompt_len : prompt_len + n_out] = output_tokens[o0:o1]
@@ -748,8 +761,9 @@ def replay_sequential(
         _lock(t, node, policy)
         protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
         start, is_first = matched, True
-        while True:  # prefill chunks (PrefillAdder)
-            end = rules.chunk_end(start, prompt_len, chunk, ps, is_first)
+        while True:  # prefill chunks (PrefillAdder), cut in tokens
+            end_at = rules.chunk_end(_at(cum, start), prompt_tokens_in, chunk, ps, is_first)
+            end = _entry_at(cum, prompt_len, end_at)
             is_first = False
             _alloc_extend(t, _at(cum, start), _at(cum, end), bounded, ps, policy)
             if end >= prompt_len:

@@ -104,21 +104,68 @@ def cut_points(trace: HashTrace) -> np.ndarray:
     return np.stack([prompt - 1, prompt, prompt + answer - 1, prompt + answer], axis=1)
 
 
-def run_table(trace: HashTrace) -> RunTable:
-    """The runs of every id of ``trace``, cut where any request holding it needs a boundary."""
+def run_table(trace: HashTrace, chunk: int = 0) -> RunTable:
+    """The runs of every id of ``trace``, cut where any request holding it needs a boundary.
+
+    ``chunk`` > 0: SGLang's ``--chunked-prefill-size``, whose prefill chunks end at ``m + k *
+    chunk`` for a request that matched ``m`` tokens (``engine_rules.chunk_end``), each end a node
+    boundary. A match ends between two entries, so every entry start of a prompt may be ``m``:
+    the table is cut there too, and again for the entries those cuts make, until no cut is new
+    (the cuts of a block only take offsets ``(m + k * chunk) mod block_size``, so this ends)."""
+    ids, offsets = _own_cuts(trace)
+    table = _table(ids, offsets, trace.block_size)
+    while chunk > 0:
+        more_ids, more_offsets = _chunk_cuts(trace, table, chunk)
+        codes = np.searchsorted(table.id_values, more_ids)
+        known = np.isin(codes * (trace.block_size + 1) + more_offsets, table.keys)
+        if known.all():
+            break
+        ids = np.concatenate([table.ids, more_ids[~known]])
+        offsets = np.concatenate([table.offsets, more_offsets[~known]])
+        table = _table(ids, offsets, trace.block_size)
+    return table
+
+
+def _own_cuts(trace: HashTrace) -> tuple[np.ndarray, np.ndarray]:
+    """(id, offset) of each block's start, each occurrence's end inside its block, and each
+    request's ``cut_points`` inside its blocks."""
     size = trace.block_size
     request, block, covered = _occurrences(trace)
     points = cut_points(trace)
-    # Each occurrence's own cuts: its end inside the block, and the request's points inside it.
     starts = block * size
     inside = (points[request] > starts[:, None]) & (points[request] < (starts + covered)[:, None])
     cut_occ, cut_col = np.nonzero(inside)
     cut_offsets = points[request[cut_occ], cut_col] - starts[cut_occ]
     ends = covered < size
     ids = np.concatenate([trace.ids, trace.ids[cut_occ], trace.ids[ends]])
-    offsets = np.concatenate(
-        [np.zeros(len(trace.ids), np.int64), cut_offsets, covered[ends]]
-    ).astype(np.int64)
+    offsets = np.concatenate([np.zeros(len(trace.ids), np.int64), cut_offsets, covered[ends]])
+    return ids, offsets.astype(np.int64)
+
+
+def _chunk_cuts(trace: HashTrace, table: RunTable, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(id, offset) of every prefill chunk end ``m + k * chunk < L`` inside a block, for every
+    entry start ``m`` of every prompt under ``table``."""
+    runs, _ = run_workload(trace, table)
+    weights = runs.prompt_weights.astype(np.int64)
+    offsets = runs.runs.prompt_offsets
+    request = np.repeat(np.arange(trace.n_requests), np.diff(offsets))
+    positions = offsets_of(weights)
+    starts = positions[:-1] - positions[offsets[:-1]][request]  # each entry's start in its prompt
+    prompt = trace.prompt_lengths[request]
+    per_start = np.maximum(0, (prompt - starts - 1) // chunk)  # k >= 1 with m + k * chunk < L
+    owner = np.repeat(np.arange(len(starts)), per_start)
+    first = offsets_of(per_start)
+    k = 1 + np.arange(first[-1]) - first[:-1][owner]
+    ends = starts[owner] + k * chunk
+    size = trace.block_size
+    inside = ends % size != 0
+    ends, owner = ends[inside], owner[inside]
+    ids = trace.ids[trace.id_offsets[request[owner]] + ends // size]
+    return ids, (ends % size).astype(np.int64)
+
+
+def _table(ids: np.ndarray, offsets: np.ndarray, size: int) -> RunTable:
+    """The runs of the distinct (id, offset) cuts, sorted by id then offset."""
     id_values, codes = np.unique(ids, return_inverse=True)
     keys = np.unique(codes.astype(np.int64) * (size + 1) + offsets)  # one int64 sort
     codes, offsets = keys // (size + 1), keys % (size + 1)

@@ -62,9 +62,11 @@ tokens) replays without its tokens: the tree holds run ids, keys are matched ent
 match between entries is all or none, by the runs' contract) and everything SGLang counts in
 tokens (the pool, the evictable and protected sizes, evictions, hits, duplicates, tlru's depths)
 adds the entries' weights. Its results are those of replaying ``expand(workload)``, exactly, for
-the sequential replay at page size 1 without chunked prefill or a hit limit (every policy, the
-overlap scheduler on or off, priorities, the refresh, any capacity); anything else is refused
-(``ValueError``: expand the workload instead), since a page or a chunk may end inside a run.
+the sequential replay at page size 1 without a hit limit (every policy, the overlap scheduler on
+or off, priorities, the refresh, chunked prefill, any capacity); anything else is refused
+(``ValueError``: expand the workload instead), since a page may end inside a run. A prefill
+chunk's end is found in tokens and must fall between two entries (``run_table`` with the chunk
+size cuts every run where one can end; the kernel raises otherwise).
 """
 
 from __future__ import annotations
@@ -168,11 +170,6 @@ def _check_runs_replay(config: SglangConfig, implementation: Implementation) -> 
         raise ValueError(
             f"run-length workloads replay at page_size 1 only (a {config.page_size}-token page "
             "may end inside a run): expand() them"
-        )
-    if config.chunked_prefill_size != 0:
-        raise ValueError(
-            "run-length workloads replay without chunked prefill only (a chunk may end inside "
-            "a run): expand() them"
         )
 
 
@@ -289,7 +286,7 @@ def _replay_fast(
         if first < n:  # grow the rows or the arena, then resume at request ``first``
             rows = len(tree.nodes)
             if tree.ints[kernel.FREE_TOP] < kernel.nodes_needed(
-                int(entries.prompt_lengths[first]), chunk
+                int(workload.prompt_lengths[first]), chunk  # chunks count tokens
             ):
                 rows *= 2
             in_use = tree.nodes[:, kernel.VERSION] >= 0

@@ -149,6 +149,35 @@ def test_runs_replay_as_their_expansion(seed: int) -> None:
     replay_both(random_trace(seed), seed)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_chunked_prefill_replays_runs_cut_for_its_chunk(seed: int) -> None:
+    """Prefill chunks end at the match plus multiples of the chunk size: a table cut for that
+    size (``run_table(trace, chunk)``) puts every such end between entries."""
+    trace = random_trace(seed, n_requests=50)
+    rng = np.random.default_rng(seed)
+    for chunk in (trace.block_size, 2 * trace.block_size + 3, 5):
+        whole, _ = run_workload(trace, run_table(trace, chunk))
+        whole = with_settings(whole, rng)
+        tokens, _ = expand(whole)
+        largest = int((whole.prompt_lengths + whole.output_lengths).max())
+        for policy in ("lru", "lfu", "tlru"):
+            for capacity in (None, int(1.3 * largest) + 1):
+                config = SglangConfig(
+                    capacity_tokens=capacity,
+                    eviction_policy=policy,  # type: ignore[arg-type]
+                    chunked_prefill_size=chunk,
+                    **policy_params(policy),
+                )
+                cache = SglangRadixCache(config)
+                runs = cache.replay(whole)
+                assert_same(runs, cache.replay(tokens))
+        assert runs.counters["node_splits"].sum() > 0
+    uncut, _ = run_workload(trace, run_table(trace))
+    if int((uncut.prompt_lengths > 5 + 1).sum()):
+        with pytest.raises(ValueError, match="inside a run"):
+            SglangRadixCache(SglangConfig(chunked_prefill_size=5)).replay(uncut)
+
+
 @settings(max_examples=12, deadline=None)
 @given(st.integers(0, 2**31))
 def test_runs_replay_as_their_expansion_on_any_trace(seed: int) -> None:
@@ -174,13 +203,19 @@ def test_runs_share_hits_across_requests() -> None:
     assert tight.counters["evicted_tokens"].sum() > 0
 
 
+@pytest.mark.parametrize("chunk", [0, 3])
 def test_a_runs_replay_grows_its_arrays_without_changing_a_hit(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
+    """Rows and arena grow as the replay needs (with chunked prefill, the rows a prompt's
+    chunks need follow its tokens, not its entries)."""
     trace = random_trace(7, n_requests=120)
-    whole, _ = run_workload(trace, run_table(trace))
+    whole, _ = run_workload(trace, run_table(trace, chunk))
     tokens, _ = expand(whole)
-    expected = {c: SglangRadixCache(SglangConfig(capacity_tokens=c)) for c in (None, 400)}
+    expected = {
+        c: SglangRadixCache(SglangConfig(capacity_tokens=c, chunked_prefill_size=chunk))
+        for c in (None, 400)
+    }
     before = {c: (cache.replay(whole), cache.replay(tokens)) for c, cache in expected.items()}
     monkeypatch.setattr(_sglang_kernel, "INITIAL_ROWS", 16)
     monkeypatch.setattr(_sglang_kernel, "INITIAL_ARENA", 16)
@@ -199,7 +234,6 @@ def small_runs() -> RunWorkload:
     ("settings_", "reason"),
     [
         ({"page_size": 16}, "page_size 1"),
-        ({"chunked_prefill_size": 64}, "chunked prefill"),
         ({"max_in_flight": 2}, "sequentially"),
     ],
 )

@@ -4,13 +4,15 @@ alone in this process, one after another, with its user and system CPU seconds a
 memory), beside the end-to-end targets of the performance issue.
 
     .venv/bin/python tests/bench/bench_trace_stages.py [TRACE] [--block-size 16]
-        [--dynamo-cpu-s 2.7]
+        [--dynamo-cpu-s 2.7] [--tokens] [--chunked-prefill-size 8192]
 
 TRACE defaults to the Mooncake conversation trace (../shared/data/traces/, never copied into the
-project). Stages: importing the command line, reading and expanding the trace into token chunks
-(as ``analyze`` does, 4M tokens at a time), then each engine's sequential replay and the prefix
-trie over those chunks. The kernels are loaded (or compiled) on a small workload first, and that
-cost is printed apart. ``analyze`` runs the replays in threads, so its wall time is below the sum.
+project). Stages: importing the command line, reading the trace into chunks of runs of tokens
+(as ``analyze`` does: ``cache_models.hash_runs``; ``--tokens``: expanded into tokens, 4M at a
+time, as a replay that does not read runs takes it), then each engine's sequential replay and
+the prefix trie over those chunks. The kernels are loaded (or compiled) on a small workload
+first, and that cost is printed apart. ``analyze`` runs the replays in threads, so its wall time
+is below the sum.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def main() -> None:
     parser.add_argument(
         "--dynamo-cpu-s", type=float, default=None, help="Dynamo's figure, printed beside ours"
     )
+    parser.add_argument("--tokens", action="store_true", help="expand the trace into tokens")
+    parser.add_argument(
+        "--chunked-prefill-size", type=int, default=8192, help="SGLang's (analyze's default)"
+    )
     args = parser.parse_args()
     if not args.trace.exists():
         print(f"skipped: {args.trace} not found")
@@ -69,7 +75,9 @@ def main() -> None:
     from cache_models.prefix_trie import PrefixTrie
     from cache_models.workload import Workload
 
-    settings = ReplaySettings(block_size=args.block_size)
+    settings = ReplaySettings(
+        block_size=args.block_size, chunked_prefill_size=args.chunked_prefill_size
+    )
     tiny = Workload.from_lists([[1, 2, 3] * 20, [1, 2, 3] * 21], [[7, 8], [9]])
 
     def load_kernels() -> None:
@@ -78,8 +86,13 @@ def main() -> None:
         PrefixTrie().feed(tiny)
 
     stage("load the kernels (cached; first run compiles)", load_kernels, rows)
-    reader = ChunkedIngest([args.trace], IngestOptions(), NoProgress())
-    chunks = stage("read + expand to token chunks", lambda: list(reader.chunks()), rows)
+    reader = ChunkedIngest(
+        [args.trace],
+        IngestOptions(hash_runs=None if args.tokens else settings.chunked_prefill_size),
+        NoProgress(),
+    )
+    read = "read + expand to token chunks" if args.tokens else "read into chunks of runs"
+    chunks = stage(read, lambda: list(reader.chunks()), rows)
     assert isinstance(chunks, list)
     workloads = [chunk.tokenized.workload for chunk in chunks]
     hits: dict[str, int] = {}
@@ -97,7 +110,7 @@ def main() -> None:
 
     stage("replay: prefix trie (ceiling)", trie, rows)
     wall = time.perf_counter() - start
-    tokens = sum(int(w.prompt_offsets[-1]) for w in workloads)
+    tokens = sum(w.prompt_token_count for w in workloads)
     print(
         f"{args.trace.name}: {sum(w.n_requests for w in workloads):,} requests, {tokens:,} "
         f"prompt tokens, {len(workloads)} chunks, block {args.block_size}"
