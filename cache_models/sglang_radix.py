@@ -286,7 +286,8 @@ def _replay_fast(
         if first < n:  # grow the rows or the arena, then resume at request ``first``
             rows = len(tree.nodes)
             if tree.ints[kernel.FREE_TOP] < kernel.nodes_needed(
-                int(workload.prompt_lengths[first]), chunk  # chunks count tokens
+                int(workload.prompt_lengths[first]),
+                chunk,  # chunks count tokens
             ):
                 rows *= 2
             in_use = tree.nodes[:, kernel.VERSION] >= 0
