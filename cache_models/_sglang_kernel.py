@@ -177,24 +177,35 @@ def _node_hash(t: Tree, n: int, page_size: int) -> int:
 
 
 @njit(cache=True, error_model="numpy")
-def _find_child(t: Tree, parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
+def _find_child(
+    table: np.ndarray,
+    nodes: np.ndarray,
+    arena: np.ndarray,
+    parent: int,
+    ns: int,
+    tokens: np.ndarray,
+    off: int,
+    page_size: int,
+) -> int:
+    """The child of ``parent`` whose key starts with tokens[off : off + page_size], else -1
+    (it takes the three arrays it reads, not the tree: a call counts references to each)."""
     h = _page_hash(parent, ns, tokens, off, page_size)
-    mask = len(t.table) - 1
+    mask = len(table) - 1
     s = h & mask
     while True:
-        n = t.table[s, SLOT_NODE]
+        n = table[s, SLOT_NODE]
         if n == EMPTY:
             return -1
         if (
             n >= 0
-            and t.table[s, SLOT_HASH] == h
-            and t.nodes[n, PARENT] == parent
-            and t.nodes[n, NAMESPACE] == ns
+            and table[s, SLOT_HASH] == h
+            and nodes[n, PARENT] == parent
+            and nodes[n, NAMESPACE] == ns
         ):
-            start = t.nodes[n, KEY_START]
+            start = nodes[n, KEY_START]
             same = True
             for j in range(page_size):
-                if t.arena[start + j] != tokens[off + j]:
+                if arena[start + j] != tokens[off + j]:
                     same = False
                     break
             if same:
@@ -213,8 +224,10 @@ def _slot_of(t: Tree, n: int, page_size: int) -> int:
 
 @njit(cache=True, error_model="numpy")
 def _add_child(t: Tree, n: int, page_size: int) -> None:
+    """Map the live node ``n`` under its parent and first page."""
     if 2 * (t.ints[TABLE_FILL] + 1) > len(t.table):
-        _rehash(t, page_size)
+        _rehash(t, page_size)  # maps every live node, n included: adding it again would leave
+        return  # a second slot, which outlives its eviction and matches a dead row
     h = _node_hash(t, n, page_size)
     mask = len(t.table) - 1
     s = h & mask
@@ -461,7 +474,7 @@ def _match(
         return 0, ROOT
     node, matched = np.int64(ROOT), np.int64(0)  # typed ints: one compiled version
     while matched < length:
-        child = _find_child(t, node, ns, tokens, matched, ps)
+        child = _find_child(t.table, t.nodes, t.arena, node, ns, tokens, matched, ps)
         if child < 0:
             break
         common = _common_pages(t, child, tokens, matched, length, ps)
@@ -502,7 +515,7 @@ def _insert(
     t.nodes[ROOT, PRIORITY] = max(t.nodes[ROOT, PRIORITY], priority)
     node, matched, duplicates = np.int64(ROOT), np.int64(0), np.int64(0)
     while matched < length:
-        child = _find_child(t, node, ns, tokens, matched, ps)
+        child = _find_child(t.table, t.nodes, t.arena, node, ns, tokens, matched, ps)
         if child < 0:
             break
         t.times[child, LAST_ACCESS] = _tick(t)

@@ -379,6 +379,24 @@ def test_fast_engine_memory_follows_the_pool_not_the_log() -> None:
     assert len(tree.arena) <= max(4 * largest_request(workload), _sglang_kernel.INITIAL_ARENA)
 
 
+def test_the_child_map_holds_each_live_node_once() -> None:
+    """A map full of tombstones is rebuilt when a node is added: the rebuild maps every live node,
+    the new one included, which must not get a second slot (that slot outlived its eviction and
+    matched the dead row: a hit on evicted KV, found on the Mooncake trace at a 2M-token pool)."""
+    k = _sglang_kernel
+    tree = k.new_tree(16, 64, 0)
+    tokens = np.arange(1, 9, dtype=np.int32)
+    tree.arena[:8] = tokens
+    tree.ints[k.ARENA_TOP] = 8
+    tree.ints[k.TABLE_FILL] = len(tree.table) // 2  # the tombstones of evicted nodes
+    node = k._new_node(tree, k.ROOT, 0, 0, 8, 8, 0)
+    k._add_child(tree, node, 1)
+    mapped = tree.table[:, k.SLOT_NODE]
+    assert mapped[mapped >= 0].tolist() == [node]
+    assert tree.ints[k.TABLE_FILL] == 1
+    assert k._find_child(tree.table, tree.nodes, tree.arena, k.ROOT, 0, tokens, 0, 1) == node
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_an_empty_workload_replays_to_nothing(engine: str) -> None:
     result = replay(Workload.from_lists([]), engine, capacity_tokens=64)
