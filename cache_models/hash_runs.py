@@ -15,7 +15,7 @@ The cuts depend on every request that holds an id, so the table is built from th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -74,6 +74,8 @@ class RunTable:
     id_values: np.ndarray  # int64: the distinct ids, sorted
     keys: np.ndarray  # int64: each run's ``code * (block_size + 1) + offset``, sorted (its
     # code: its id's index in id_values)
+    distinct_tokens: int = 0  # at most the trace's distinct tokens: a block per id, and every
+    # unknown token (the caches' sizing hint, ``RunWorkload.log_tokens_hint``)
 
     @property
     def n_runs(self) -> int:
@@ -123,7 +125,9 @@ def run_table(trace: HashTrace, chunk: int = 0) -> RunTable:
         ids = np.concatenate([table.ids, more_ids[~known]])
         offsets = np.concatenate([table.offsets, more_offsets[~known]])
         table = _table(ids, offsets, trace.block_size)
-    return table
+    unknown = trace.prompt_lengths + trace.output_lengths - trace.known_lengths
+    distinct = len(table.id_values) * trace.block_size + int(np.maximum(unknown, 0).sum())
+    return replace(table, distinct_tokens=distinct)
 
 
 def _own_cuts(trace: HashTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -239,5 +243,6 @@ def run_workload(
         weights[in_prompt].astype(np.int32),
         weights[~in_prompt].astype(np.int32),
         table.first_tokens,
+        table.distinct_tokens,
     )
     return workload, next_unknown - n_unknown

@@ -40,12 +40,16 @@ TOKEN_MASK = 0x7FFFFFFF
 @dataclass(frozen=True)
 class RunWorkload:
     """``runs``: the requests with run ids for tokens (offsets count entries); the weights: each
-    entry's tokens (int32, >= 1); ``first_tokens``: the first token of each run id >= 0."""
+    entry's tokens (int32, >= 1); ``first_tokens``: the first token of each run id >= 0;
+    ``log_tokens_hint``: about how many distinct tokens the whole log these requests belong to
+    holds (0: unknown), which a cache may size itself by before its first feed (it grows past
+    it as it needs: results never depend on it)."""
 
     runs: Workload
     prompt_weights: np.ndarray
     output_weights: np.ndarray
     first_tokens: np.ndarray
+    log_tokens_hint: int = 0
 
     def __post_init__(self) -> None:
         if len(self.prompt_weights) != len(self.runs.prompt_tokens) or len(
@@ -89,6 +93,7 @@ class RunWorkload:
             gather(self.prompt_weights, runs.prompt_offsets, indices)[0].astype(np.int32),
             gather(self.output_weights, runs.output_offsets, indices)[0].astype(np.int32),
             self.first_tokens,
+            self.log_tokens_hint,
         )
 
     def kernel_weights(self) -> tuple[np.ndarray, np.ndarray]:
@@ -176,6 +181,7 @@ def concat_runs(parts: Sequence[RunWorkload]) -> RunWorkload:
         np.concatenate([p.prompt_weights for p in parts]),
         np.concatenate([p.output_weights for p in parts]),
         parts[0].first_tokens,
+        parts[0].log_tokens_hint,
     )
 
 

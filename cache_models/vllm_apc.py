@@ -222,6 +222,10 @@ def _replay_runs(
     kernel's own growth), at most doubling, so memory follows the blocks kept."""
     size = config.block_size
     peaks = _peak_blocks(workload, size)
+    if pool is None and workload.log_tokens_hint:  # the log's blocks at once: no regrowth
+        limit = kernel.UNBOUNDED if config.usable_blocks is None else config.usable_blocks
+        blocks = workload.log_tokens_hint // size + workload.n_requests
+        pool = kernel.pool_arrays(limit, min(limit + 1, blocks))
     pool, runnable = _empty_or_grown(config, peaks, pool, room_ahead=False)
     held = offsets_of(np.where(runnable, peaks, 0))
     tally = np.zeros((6, workload.n_requests), np.int64)

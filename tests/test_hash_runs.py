@@ -23,9 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-def random_trace(rng: np.random.Generator, n: int, block: int, ids: int) -> HashTrace:
-    """Chained conversations (a turn repeats an earlier prompt's ids, then new ones) with
-    partial last blocks; some requests carry their answer's ids (known = L + n)."""
+def random_trace(
+    rng: np.random.Generator, n: int, block: int, ids: int, chained: bool = False
+) -> HashTrace:
+    """Conversations (a turn repeats an earlier prompt's ids, then new ones) with partial last
+    blocks; some requests carry their answer's ids (known = L + n). Unless ``chained``, a turn
+    may also take one of ``ids`` shared ids after its parent's (an id at several positions)."""
     prompts: list[list[int]] = []
     lengths, outputs, known = [], [], []
     fresh = ids
@@ -33,7 +36,8 @@ def random_trace(rng: np.random.Generator, n: int, block: int, ids: int) -> Hash
         if prompts and rng.random() < 0.7:
             parent = prompts[int(rng.integers(len(prompts)))]
             keep = int(rng.integers(0, len(parent) + 1))
-            chain = parent[:keep] + [int(rng.integers(ids))] * int(rng.integers(0, 2))
+            shared = 0 if chained else int(rng.integers(0, 2))
+            chain = parent[:keep] + [int(rng.integers(ids))] * shared
         else:
             chain = []
         extra = int(rng.integers(0 if chain else 1, 4))
@@ -176,3 +180,24 @@ def test_analyze_as_runs_reports_what_the_expanded_tokens_do(
         monkeypatch.setattr(pipeline, "replays_runs", lambda options, on_executor=False: False)
         b = analyze([FIXTURES / fixture], options)
         assert a.report.to_dict() == b.report.to_dict()
+
+
+def test_the_log_tokens_hint_sizes_vllms_pool_once_and_changes_no_result() -> None:
+    from cache_models.config import VllmConfig
+    from cache_models.vllm_apc import VllmPrefixCache
+
+    trace = random_trace(np.random.default_rng(5), 200, 16, 8, chained=True)
+    table = run_table(trace)
+    assert table.distinct_tokens >= len(np.unique(trace.ids)) * 16
+    hinted, plain = (VllmPrefixCache(VllmConfig(block_size=4)).session() for _ in range(2))
+    sizes, next_unknown = [], -1
+    for rows in (slice(0, 50), slice(50, 120), slice(120, 200)):
+        part, next_unknown = run_workload(trace.select(rows), table, next_unknown)
+        assert part.log_tokens_hint == table.distinct_tokens
+        a, b = hinted.feed(part), plain.feed(replace(part, log_tokens_hint=0))
+        assert np.array_equal(a.hit_tokens, b.hit_tokens)
+        assert a.counters.keys() == b.counters.keys()
+        assert all(np.array_equal(a.counters[k], b.counters[k]) for k in a.counters)
+        assert hinted.pool is not None
+        sizes.append(len(hinted.pool.key))
+    assert len(set(sizes)) == 1  # sized at the first feed for the whole log: never regrown
