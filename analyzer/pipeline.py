@@ -249,19 +249,15 @@ def replays_runs(options: AnalyzeOptions, on_executor: bool = False) -> bool:
 
 
 def _with_token_sample(replayed: Replayed) -> Replayed:
-    """``replayed`` with its sample as tokens, and the sample's trie built from them: a hash-id
-    trace replayed as runs is expanded here for the diagnosis (only its sample, when it
-    streamed; the whole log's rows, results and trie stay as they are)."""
+    """``replayed`` with its sample as tokens: a hash-id trace replayed as runs is expanded here
+    for the diagnosis (only its sample, when it streamed; the whole log's rows and results stay
+    as they are). The sample's trie stays the one fed its runs: its nodes are the token trie's,
+    and what walks its tokens reads ``TrieNodes.expanded``."""
     sample = replayed.sample
     if not isinstance(sample.workload, RunWorkload):
         return replayed
     tokens = replace(sample, workload=as_tokens(sample.workload))
-    return replace(
-        replayed,
-        log=replayed.log if replayed.streamed else tokens,
-        sample=tokens,
-        sample_replays=sample_of(replayed.sample_replays, tokens.workload),
-    )
+    return replace(replayed, log=replayed.log if replayed.streamed else tokens, sample=tokens)
 
 
 def sample_budget(options: AnalyzeOptions, on_executor: bool = False) -> int | None:
