@@ -5,8 +5,9 @@ loader's expansion): a block is a progression, and two different ids differ at e
 requests' streams therefore diverge only where their ids differ (a block boundary) or where one
 stream stops inside a block. The runs of an id ``h`` are cut at every offset where some request
 that holds ``h`` has a point the replay acts at (``cut_points``): its prompt's end ``L``, ``L - 1``
-(the lookup's limit), the answer's ends ``L + n - 1`` and ``L + n``, and the end of the tokens its
-ids spell. The cuts are the same for every request that holds ``h``, so equal runs get equal ids
+(the lookup's limit), the answer's ends ``L + n - 1`` and ``L + n``, the end of the tokens its
+ids spell, and, for SGLang's chunked prefill, where a prefill chunk can end (``run_table``'s
+``chunk``). The cuts are the same for every request that holds ``h``, so equal runs get equal ids
 (the run's index in ``RunTable``) and the contract of ``cache_models.runs`` holds.
 
 The cuts depend on every request that holds an id, so the table is built from the whole trace

@@ -14,8 +14,10 @@ The contract every run-length replay relies on, kept by the builder (``cache_mod
   many unique tokens, matching nothing.
 - Every point at which a replay acts falls between two entries: each prompt's end ``L``, the last
   token a lookup may match (``L - 1``), and the ends of what an engine caches of the answer
-  (``L + n - 1`` and ``L + n``). Block and page boundaries are *not* entry boundaries: a vLLM
-  block may start or end inside a run (its key is built from the pieces it holds).
+  (``L + n - 1`` and ``L + n``), and, when the table was cut for SGLang's chunked prefill, every
+  end a prefill chunk can have (the SGLang kernel checks each). Block and page boundaries are
+  *not* entry boundaries: a vLLM block may start or end inside a run (its key is built from the
+  pieces it holds).
 
 ``expand`` turns a run-length workload into the token workload it stands for, so a replay of
 either gives the same per-request hits. The token at offset ``k`` of a run whose id is ``u >= 0``
