@@ -104,10 +104,11 @@ class ChunkedIngest:
             blocks = None if first is None else first.hash_blocks
             if blocks is not None and chunk % blocks.block_size == 0:
                 read = list(records)  # its ids: a few bytes per block
-                if all(r.hash_blocks is not None for r in read):
+                sizes = {None if r.hash_blocks is None else r.hash_blocks.block_size for r in read}
+                if sizes == {blocks.block_size}:
                     yield from self._run_chunks(read, chunk_records, chunk)
                     return
-                records = iter(read)  # mixed with other formats: all of it as tokens
+                records = iter(read)  # mixed formats or block sizes: all of it as tokens
         meter = self.loaded.meter
         done, requests = 0, 0  # bytes and requests of the chunks processed so far
         while batch := _take(records, chunk_records, self._reading(done, requests)):

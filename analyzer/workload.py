@@ -238,19 +238,19 @@ def build_run_workload(
 
 
 def hash_trace_of(records: Sequence[Record]) -> HashTrace:
-    """The ids and lengths of hash-trace records as columns (namespace, finish and arrival are
-    set per chunk by ``build_run_workload``)."""
-    blocks = [r.hash_blocks for r in records]
-    assert all(b is not None for b in blocks)
-    ids = [b.ids for b in blocks if b is not None]
-    prompt = np.array([b.prompt_length for b in blocks if b is not None], np.int64)
+    """The ids and lengths of hash-trace records of one block size as columns (namespace, finish
+    and arrival are set per chunk by ``build_run_workload``)."""
+    blocks = [r.hash_blocks for r in records if r.hash_blocks is not None]
+    if len(blocks) != len(records) or len({b.block_size for b in blocks}) > 1:
+        raise ValueError("runs need hash-trace records of one block size")
+    ids = [b.ids for b in blocks]
     return HashTrace(
         ids=np.concatenate(ids) if ids else np.zeros(0, np.int64),
         id_offsets=offsets_of(np.array([len(i) for i in ids], np.int64)),
-        block_size=blocks[0].block_size if blocks and blocks[0] is not None else 1,
-        prompt_lengths=prompt,
+        block_size=blocks[0].block_size if blocks else 1,
+        prompt_lengths=np.array([b.prompt_length for b in blocks], np.int64),
         output_lengths=np.array([max(1, r.output_length or 1) for r in records], np.int64),
-        known_lengths=np.array([b.known_length for b in blocks if b is not None], np.int64),
+        known_lengths=np.array([b.known_length for b in blocks], np.int64),
         namespace=np.zeros(len(records), np.int32),
         stop_finish=np.ones(len(records), bool),
     )

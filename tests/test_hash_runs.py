@@ -201,3 +201,18 @@ def test_the_log_tokens_hint_sizes_vllms_pool_once_and_changes_no_result() -> No
         assert hinted.pool is not None
         sizes.append(len(hinted.pool.key))
     assert len(set(sizes)) == 1  # sized at the first feed for the whole log: never regrown
+
+
+def test_traces_of_two_block_sizes_together_are_replayed_as_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Mooncake (512) and a Bailian (16) trace in one run: one table cannot cut both, so the
+    log is expanded: the report of the token path."""
+    both = [FIXTURES / "mooncake_trace.jsonl", FIXTURES / "bailian_trace.jsonl"]
+    together = analyze(both, AnalyzeOptions(diagnose=False))
+    assert together.report.to_dict()["requests"] == 4
+    assert not isinstance(together.tokenized.workload, RunWorkload)
+    monkeypatch.setattr(pipeline, "replays_runs", lambda options, on_executor=False: False)
+    assert (
+        together.report.to_dict() == analyze(both, AnalyzeOptions(diagnose=False)).report.to_dict()
+    )
