@@ -28,7 +28,7 @@ progression); ``first_tokens`` is the builder's table of each run's first token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -160,18 +160,12 @@ def expand(workload: RunWorkload, next_unknown: int = -1) -> tuple[Workload, int
     outputs, next_unknown = expand_entries(
         runs.output_tokens, workload.output_weights, workload.first_tokens, next_unknown
     )
-    expanded = Workload(
+    expanded = replace(  # every per-request column as it is; the tokens and their offsets new
+        runs,
         prompt_tokens=prompts,
         prompt_offsets=offsets_of(workload.prompt_lengths),
         output_tokens=outputs,
         output_offsets=offsets_of(workload.output_lengths),
-        namespace=runs.namespace,
-        stop_finish=runs.stop_finish,
-        arrival_s=runs.arrival_s,
-        priority=runs.priority,
-        skip_prefix_lookup=runs.skip_prefix_lookup,
-        hit_limit=runs.hit_limit,
-        max_new_tokens=runs.max_new_tokens,
     )
     return expanded, next_unknown
 
