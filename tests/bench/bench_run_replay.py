@@ -25,8 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from cache_models.hash_runs import HashTrace
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = next(
@@ -38,32 +42,12 @@ REPLAYS = ("vllm16", "vllm512", "trie")
 TARGET_S = 0.2  # the run form's vLLM replay at 512-token blocks
 
 
-def read_trace(path: Path):
-    """The trace as a ``HashTrace`` (the bench's own reader; ingest has the product's)."""
-    import msgspec
+def read_trace(path: Path) -> HashTrace:
+    """The trace as a ``HashTrace``, read by prefixcheck's own loader (as ``analyze`` reads it)."""
+    from analyzer.loaders import LoadResult, iter_records
+    from analyzer.workload import hash_trace_of
 
-    from cache_models.hash_runs import HashTrace
-    from cache_models.workload import offsets_of
-
-    class Row(msgspec.Struct):
-        input_length: int
-        output_length: int
-        hash_ids: list[int]
-
-    decoder = msgspec.json.Decoder(Row)
-    rows = [decoder.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
-    n = len(rows)
-    prompt = np.array([row.input_length for row in rows], np.int64)
-    return HashTrace(
-        ids=np.array([h for row in rows for h in row.hash_ids], np.int64),
-        id_offsets=offsets_of(np.array([len(row.hash_ids) for row in rows], np.int64)),
-        block_size=512,
-        prompt_lengths=prompt,
-        output_lengths=np.maximum(1, np.array([row.output_length for row in rows], np.int64)),
-        known_lengths=prompt,
-        namespace=np.zeros(n, np.int32),
-        stop_finish=np.ones(n, bool),
-    )
+    return hash_trace_of(list(iter_records([path], "auto", LoadResult())))
 
 
 TOKEN_COLUMNS = ("prompt_tokens", "prompt_offsets", "output_tokens", "output_offsets")

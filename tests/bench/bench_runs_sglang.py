@@ -20,17 +20,15 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from analyzer.loaders import LoadResult, iter_records  # noqa: E402
+from analyzer.workload import hash_trace_of  # noqa: E402
 from cache_models.config import SglangConfig  # noqa: E402
 from cache_models.hash_runs import HashTrace, run_table, run_workload  # noqa: E402
 from cache_models.runs import expand  # noqa: E402
 from cache_models.sglang_radix import SglangRadixCache  # noqa: E402
-from cache_models.workload import offsets_of  # noqa: E402
 
 TRACES = next(
     (up / "shared" / "data" / "traces" for up in ROOT.parents if (up / "shared").is_dir()),
@@ -40,28 +38,9 @@ MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 TARGET_CPU_S = 0.1
 
 
-class Row(msgspec.Struct):
-    input_length: int
-    output_length: int
-    hash_ids: list[int]
-
-
 def read_trace(path: Path) -> HashTrace:
-    rows = msgspec.json.Decoder(list[Row]).decode(
-        b"[" + b",".join(line for line in path.read_bytes().splitlines() if line.strip()) + b"]"
-    )
-    n = len(rows)
-    prompts = np.array([row.input_length for row in rows], np.int64)
-    return HashTrace(
-        ids=np.array([h for row in rows for h in row.hash_ids], np.int64),
-        id_offsets=offsets_of(np.array([len(row.hash_ids) for row in rows], np.int64)),
-        block_size=512,
-        prompt_lengths=prompts,
-        output_lengths=np.maximum(1, np.array([row.output_length for row in rows], np.int64)),
-        known_lengths=prompts,
-        namespace=np.zeros(n, np.int32),
-        stop_finish=np.ones(n, bool),
-    )
+    """The trace as a ``HashTrace``, read by prefixcheck's own loader (as ``analyze`` reads it)."""
+    return hash_trace_of(list(iter_records([path], "auto", LoadResult())))
 
 
 def one_form(path: Path, form: str, capacity: int | None) -> dict[str, float]:
