@@ -39,7 +39,7 @@ import numpy as np
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import int_list, optional_int, optional_number
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
-from analyzer.loaders.id_lists import parse_id_lists
+from analyzer.loaders.id_lists import decoded_lines, parse_id_lists
 from analyzer.records import HashBlocks, Record
 from cache_models.hash_runs import ID_FACTOR
 from cache_models.runs import RUN_STEP
@@ -186,16 +186,12 @@ def plain_records(
     other line (not bytes, not one JSON object of ``_TraceLine``'s fields, an id list that is not
     plain ids in 0..2^31-1, any check of ``parse`` failed, a time out of range, no ``chat_id`` in
     a Bailian file): those are for ``parse``."""
-    decoded: list[_TraceLine | None] = []
+    decoded = [
+        None if bailian and item is not None and item.chat_id is msgspec.UNSET else item
+        for item in decoded_lines(lines, _decode_line)
+    ]  # a Mooncake line in a Bailian file goes to ``parse``: a mixed-format error
     lists: list[msgspec.Raw] = []
-    for _, raw in lines:
-        try:
-            item = _decode_line(raw) if isinstance(raw, bytes) else None
-        except Exception:  # any refusal: the ordinary reader decides, and says why
-            item = None
-        if item is not None and bailian and item.chat_id is msgspec.UNSET:
-            item = None  # a Mooncake line in a Bailian file: a mixed-format error
-        decoded.append(item)
+    for item in decoded:
         if item is not None:
             lists.append(item.hash_ids)
             if len(item.output_hash_ids):

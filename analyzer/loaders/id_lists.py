@@ -6,13 +6,28 @@ the ordinary way, with its ordinary error."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from numba import njit
 
+T = TypeVar("T")
+
 _MAX_ID = (1 << 31) - 1
 _MAX_DIGITS = 10  # 2^31 - 1 has 10 digits
+
+
+def decoded_lines(lines: Sequence[tuple[int, Any]], decode: Callable[[bytes], T]) -> list[T | None]:
+    """Each line's typed decode (a batch reader's first step), None where the line is not bytes
+    or ``decode`` refuses it: the ordinary reader then decides, and says why."""
+    decoded: list[T | None] = []
+    for _, raw in lines:
+        try:
+            decoded.append(decode(raw) if isinstance(raw, bytes) else None)
+        except Exception:  # any refusal
+            decoded.append(None)
+    return decoded
 
 
 def parse_id_lists(lists: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

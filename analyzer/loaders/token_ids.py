@@ -17,7 +17,7 @@ import msgspec
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import cache_fields, int_list, optional_number, optional_str
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
-from analyzer.loaders.id_lists import parse_id_lists
+from analyzer.loaders.id_lists import decoded_lines, parse_id_lists
 from analyzer.records import Record
 
 
@@ -66,14 +66,9 @@ def plain_records(file: str, lines: Sequence[tuple[int, Any]]) -> list[Record | 
     """The Record of each plain line, exactly as ``parse`` reads it; None for every other line
     (not bytes, not one JSON object of these fields, a list that is not plain ids, a prompt
     without tokens or too long, a time out of range): those are for ``parse``."""
-    decoded: list[_PlainLine | None] = []
+    decoded = decoded_lines(lines, _decode_plain)
     lists: list[msgspec.Raw] = []
-    for _, raw in lines:
-        try:
-            item = _decode_plain(raw) if isinstance(raw, bytes) else None
-        except Exception:  # any refusal: the ordinary reader decides, and says why
-            item = None
-        decoded.append(item)
+    for item in decoded:
         if item is not None:
             lists.append(item.prompt_token_ids)
             if item.output_token_ids != _NULL:
