@@ -104,6 +104,49 @@ def test_lru_curve_exact_case() -> None:
     assert hit_blocks(thresholds, np.array([12, 13, 14, 15, 16, 99])).tolist() == [0, 1, 2, 3, 4, 4]
 
 
+def reference_thresholds(stream: BlockStream, held_back: np.ndarray) -> list[int]:
+    """hit_thresholds by the definition, on a recency list (most recent release last)."""
+    released: list[int] = []
+    out = []
+    for r in range(stream.n_requests):
+        blocks = stream.items[stream.offsets[r] : stream.offsets[r + 1]].tolist()
+        running = 0
+        for item in blocks[: stream.lookup[r]]:
+            if item not in released or running is None:
+                running = None
+                continue
+            newer = len(released) - 1 - released.index(item)
+            running = max(running, newer + int(held_back[r]) + 1, int(stream.peak[r]))
+            out.append(running)
+        for item in reversed(blocks):  # deepest first
+            if item in released:
+                released.remove(item)
+            released.append(item)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_thresholds_are_the_stack_distances(seed: int) -> None:
+    """The one-pass kernel (markers in 64-bit words) against the definition, on streams long
+    enough to cross many words, with items reused at every distance."""
+    rng = np.random.default_rng(seed)
+    n_requests = int(rng.integers(20, 60))
+    lengths = rng.integers(0, 30, n_requests)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    n_items = int(rng.integers(5, 200))
+    items = rng.integers(0, n_items, int(offsets[-1])).astype(np.int64)
+    stream = BlockStream(
+        items=items,
+        offsets=offsets,
+        lookup=rng.integers(0, 32, n_requests).astype(np.int64),
+        peak=rng.integers(0, 40, n_requests).astype(np.int64),
+        n_items=n_items,
+        block_size=1,
+    )
+    held_back = rng.integers(0, 2, n_requests).astype(np.int64)
+    assert hit_thresholds(stream, held_back).tolist() == reference_thresholds(stream, held_back)
+
+
 def brute_force_optimum(stream: BlockStream, capacity: int) -> int:
     """The most counted hits of any keep/drop schedule (exhaustive; tiny streams only)."""
     accesses = []
