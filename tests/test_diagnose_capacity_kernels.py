@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cache_models.belady import belady_hit_blocks
-from cache_models.block_stream import BlockStream, block_stream
+from cache_models.block_stream import BlockStream, block_stream, block_streams
 from cache_models.config import SglangConfig, VllmConfig
 from cache_models.prefix_trie import PrefixTrie
 from cache_models.sglang_radix import SglangRadixCache
@@ -59,6 +59,28 @@ def test_unknown_outputs_get_blocks_of_their_own() -> None:
     stream, _ = vllm_stream(workload, 2)
     first, second = stream.items[:2].tolist(), stream.items[2:].tolist()
     assert first[0] == second[0] and first[1] != second[1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_walk_gives_each_size_its_own_stream(seed: int) -> None:
+    """block_streams walks the tokens once for several sizes: each stream is the one walked
+    alone (its items, unknown blocks' ids, offsets, lookups and peaks)."""
+    rng = np.random.default_rng(seed)
+    workload = to_workload(random_workload(seed, n_requests=80, vocab=5))
+    trie = PrefixTrie()
+    trie.replay(workload)
+    assert trie.nodes is not None
+    total = workload.prompt_lengths + workload.output_lengths
+    sizes = [4, 1, 3]
+    cached = [rng.integers(0, total + 1) for _ in sizes]
+    together = block_streams(trie.nodes, workload, sizes, cached)
+    for stream, size, tokens in zip(together, sizes, cached, strict=True):
+        alone = block_stream(trie.nodes, workload, size, tokens)
+        assert np.array_equal(stream.items, alone.items)
+        assert np.array_equal(stream.offsets, alone.offsets)
+        assert np.array_equal(stream.lookup, alone.lookup)
+        assert np.array_equal(stream.peak, alone.peak)
+        assert stream.n_items == alone.n_items and stream.block_size == size
 
 
 @pytest.mark.parametrize("seed", range(6))
