@@ -207,9 +207,14 @@ def _models(
             streams[engine].append(stream)
             thresholds[engine].append(hit_thresholds(stream, held_back))
     return {
-        engine: _Model(streams[engine], np.sort(np.concatenate(thresholds[engine])), size)
+        engine: _Model(streams[engine], _merged(thresholds[engine]), size)
         for engine, size in sizes.items()
     }
+
+
+def _merged(sorted_parts: list[np.ndarray]) -> np.ndarray:
+    """Ascending arrays as one ascending array (one is already)."""
+    return sorted_parts[0] if len(sorted_parts) == 1 else np.sort(np.concatenate(sorted_parts))
 
 
 def _blocks_for(model: _Model, hits: float) -> int:
