@@ -121,6 +121,7 @@ def replay_sequential(
         run_keys(
             p_ids, p_w, p_off, o_ids, o_w, o_off, namespace[r], r, peak_tokens, block_size, keys
         )
+        kernel.touch_slots(pool, keys, peak_tokens // block_size)
         n_hit = 0
         if not skip[r]:
             n_hit = kernel.lookup(pool, keys, (prompt_len - 1) // block_size, table)
