@@ -120,9 +120,10 @@ class TokenCache:
     """Token ids on disk for one namespace (tokenizer, template, versions).
 
     The keys of every file are read once (a small column) into an index of where each text's ids
-    are; a lookup then reads the ids of the few files that hold what it asks for, so a log read in
-    many chunks costs about one pass over the cache, not one per chunk. Every entry read is
-    checked against its checksum.
+    are; a lookup then reads the ids of the few files that hold what it asks for, and keeps them
+    (``KEPT_FILE_BYTES``) for the lookups of later chunks, so a log read in many chunks costs
+    about one pass over the cache, not one per chunk. Every entry read is checked against its
+    checksum.
     """
 
     def __init__(self, root: Path, name: str) -> None:
