@@ -214,7 +214,8 @@ def test_the_log_tokens_hint_sizes_vllms_pool_once_and_changes_no_result() -> No
     trace = random_trace(np.random.default_rng(5), 200, 16, 8, chained=True)
     table = run_table(trace)
     assert table.distinct_tokens >= len(np.unique(trace.ids)) * 16
-    hinted, plain = (VllmPrefixCache(VllmConfig(block_size=4)).session() for _ in range(2))
+    config = VllmConfig(block_size=4, capacity_tokens=4 << 20)  # a pool (unbounded: a trie)
+    hinted, plain = (VllmPrefixCache(config).session() for _ in range(2))
     sizes, next_unknown = [], -1
     for rows in (slice(0, 50), slice(50, 120), slice(120, 200)):
         part, next_unknown = run_workload(trace.select(rows), table, next_unknown)
