@@ -25,7 +25,7 @@ from cache_models.workload import Workload
 class BlockStream:
     """Request r's cacheable full blocks are ``items[offsets[r] : offsets[r + 1]]``, root first."""
 
-    items: np.ndarray  # int64 item ids
+    items: np.ndarray  # item ids: int32 (int64 when they would not fit)
     offsets: np.ndarray  # int64, one more than requests
     lookup: np.ndarray  # int64 per request: its leading blocks a lookup may hit, (L - 1) // B
     peak: np.ndarray  # int64 per request: blocks it holds at its peak (whole blocks)
@@ -47,7 +47,9 @@ def block_stream(
     cached = np.minimum(cached_tokens.astype(np.int64), prompt_lengths + workload.output_lengths)
     offsets = np.zeros(workload.n_requests + 1, np.int64)
     np.cumsum(cached // block_size, out=offsets[1:])
-    items = np.empty(offsets[-1], np.int64)
+    # ids stay below the store's size plus the blocks: int32 halves the stream's memory
+    ids = np.int32 if len(trie.store) + int(offsets[-1]) < np.iinfo(np.int32).max else np.int64
+    items = np.empty(offsets[-1], ids)
     n_items = _walk(
         child_map(trie),
         trie.start,
@@ -90,28 +92,51 @@ def _walk(
     offsets,
     items,
 ):
-    n_store = len(store)
-    next_unique = n_store
+    next_unique = len(store)
     for r in range(len(prompt_offsets) - 1):
         p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
         o0 = output_offsets[r]
         prompt_len = p1 - p0
+        n = cached[r]
         node = child_of(children, 0, namespace[r])
         pos = 0  # tokens of ``node`` matched so far
         out = offsets[r]
-        for i in range(cached[r]):
-            token = prompt_tokens[p0 + i] if i < prompt_len else output_tokens[o0 + i - prompt_len]
+        i = 0  # tokens of the request walked so far
+        while i < n:
             if node >= 0 and pos == length[node]:
+                token = (
+                    prompt_tokens[p0 + i] if i < prompt_len else output_tokens[o0 + i - prompt_len]
+                )
                 node = child_of(children, node, token)
                 pos = 0
-            if node >= 0 and (token < 0 or store[start[node] + pos] != token):
-                node = -1
-            pos += 1
-            if (i + 1) % block_size == 0:
-                if node >= 0:
-                    items[out] = start[node] + pos - 1
-                else:
+            if node < 0:  # off the trie: every block that ends from here on is new
+                for _ in range(n // block_size - i // block_size):
                     items[out] = next_unique
                     next_unique += 1
+                    out += 1
+                break
+            # the run of tokens that follow the node's edge, the prompt's then the answer's
+            edge = start[node] + pos
+            span = min(length[node] - pos, n - i)
+            m = 0
+            while m < span and i + m < prompt_len:
+                token = prompt_tokens[p0 + i + m]
+                if token < 0 or store[edge + m] != token:
+                    break
+                m += 1
+            if i + m >= prompt_len:
+                while m < span:
+                    token = output_tokens[o0 + i + m - prompt_len]
+                    if token < 0 or store[edge + m] != token:
+                        break
+                    m += 1
+            end = i // block_size * block_size + block_size - 1  # the first block end from i
+            while end < i + m:
+                items[out] = edge + end - i
                 out += 1
+                end += block_size
+            i += m
+            pos += m
+            if m < span:  # token i differs from the trie's
+                node = -1
     return next_unique

@@ -203,9 +203,14 @@ def _models(
             streams[engine].append(stream)
             thresholds[engine].append(hit_thresholds(stream, held_back))
     return {
-        engine: _Model(streams[engine], np.sort(np.concatenate(thresholds[engine])), size)
+        engine: _Model(streams[engine], _merged(thresholds[engine]), size)
         for engine, size in sizes.items()
     }
+
+
+def _merged(thresholds: list[np.ndarray]) -> np.ndarray:
+    """The servers' sorted thresholds as one sorted array (one server's as they are)."""
+    return thresholds[0] if len(thresholds) == 1 else np.sort(np.concatenate(thresholds))
 
 
 def _blocks_for(model: _Model, hits: float) -> int:
