@@ -22,12 +22,12 @@ def empty_children():
     return Dict.empty(key_type=types.int64, value_type=types.int64)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def child_key(node: int, token: int) -> int:
     return (node << 32) | (token & 0xFFFFFFFF)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def find_child(children, node: int, token: int) -> int:
     key = child_key(node, token)
     return children[key] if key in children else NO_CHILD  # noqa: SIM401 (numba: .get is Optional)

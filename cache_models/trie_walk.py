@@ -37,12 +37,12 @@ def child_map(trie: TrieNodes) -> Dict:
     return _children(trie.parent, trie.start, trie.length, trie.namespace, trie.store)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def child_key(node: int, token: int) -> int:
     return (node << 32) | (token & 0xFFFFFFFF)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def child_of(children, node: int, token: int) -> int:
     """The child of ``node`` whose edge starts with ``token`` (-1: none)."""
     key = child_key(node, token)
