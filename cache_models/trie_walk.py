@@ -32,9 +32,14 @@ def nodes_on_paths(
 
 
 def child_map(trie: TrieNodes) -> Dict:
-    """The child map, keyed as the trie keys it: (parent, first token); roots by namespace."""
+    """The child map, keyed as the trie keys it: (parent, first token); roots by namespace.
+    Made once per trie (kept on it, as a cached property is; read only)."""
     trie = trie.expanded
-    return _children(trie.parent, trie.start, trie.length, trie.namespace, trie.store)
+    children = trie.__dict__.get("_child_map")
+    if children is None:
+        children = _children(trie.parent, trie.start, trie.length, trie.namespace, trie.store)
+        trie.__dict__["_child_map"] = children
+    return children
 
 
 @njit(cache=True, inline="always")
