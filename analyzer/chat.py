@@ -38,6 +38,7 @@ from analyzer.tokenizer import SpecialTokens
 
 # Qwen2.5-Instruct's chat template: the built-in default, matching the default tokenizer.
 CHATML_TEMPLATE = BUILTIN_TEMPLATES["qwen2.5"].source
+_BUILTIN_SOURCES = frozenset(builtin.source for builtin in BUILTIN_TEMPLATES.values())
 # Templates that call strftime_now() get this date when the request has no timestamp, so the
 # same log always renders the same prompts.
 FALLBACK_DATE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -260,10 +261,13 @@ def chat_renderer(
     family template, or a template file; by default the tokenizer's own template, else Qwen2.5's.
     ``rendering`` is the server whose request preparation is reproduced ("vllm", "sglang").
     Its template is compiled here: one that does not compile, or is not a string, is an error
-    before any request.
+    before any request. A built-in template (they all compile: tests/test_chat_templates.py) is
+    compiled at its first request instead, so a log without chats never compiles it.
     """
-    renderer = _chosen_renderer(template, special, choice, default_kwargs)
-    return renderer.with_rendering(rendering).check()
+    renderer = _chosen_renderer(template, special, choice, default_kwargs).with_rendering(rendering)
+    if isinstance(renderer.template, str) and renderer.template in _BUILTIN_SOURCES:
+        return renderer
+    return renderer.check()
 
 
 def _chosen_renderer(

@@ -28,7 +28,7 @@ from analyzer.workload import (
     build_workload,
     hash_trace_of,
 )
-from cache_models.hash_runs import run_table
+from cache_models.hash_runs import trace_runs
 from cache_models.runs import RunWorkload, concat_runs
 from cache_models.workload import concat_workloads
 
@@ -151,7 +151,9 @@ class ChunkedIngest:
         block takes the tokens (its cuts could land at any offset of a block)."""
         self.report("reading", len(read))
         trace = hash_trace_of(read)
-        table = run_table(trace, chunk)
+        # The whole trace as runs, then a view per chunk (its unknown ids are those of chunk
+        # by chunk passes: numbered in request order).
+        _, runs, self.state.next_unknown = trace_runs(trace, chunk, self.state.next_unknown)
         requests, start = 0, 0
         batches = iter(read)
         while batch := _take(batches, chunk_records):
@@ -159,7 +161,7 @@ class ChunkedIngest:
             tokenized = build_run_workload(
                 batch,
                 trace.select(slice(start, stop)),
-                table,
+                runs.rows(start, stop),
                 chunk_state=self.state,
                 routing_fields=self.options.fields.routing if self.options.fields else (),
             )

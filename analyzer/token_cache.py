@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -88,6 +88,7 @@ class CacheStats:
 LAYOUT = "v2"
 COLUMNS = {"key": pl.Binary, "ids": pl.Binary, "check": pl.Binary}
 STALE_TEMP_S = 3600  # a temporary file this old belongs to a run that died: removed
+KEPT_FILE_BYTES = 256 << 20  # files read by lookups kept decoded, the most recent first
 
 
 def checksum(key: bytes, ids: bytes) -> bytes:
@@ -119,15 +120,17 @@ class TokenCache:
     """Token ids on disk for one namespace (tokenizer, template, versions).
 
     The keys of every file are read once (a small column) into an index of where each text's ids
-    are; a lookup then reads the ids of the few files that hold what it asks for, so a log read in
-    many chunks costs about one pass over the cache, not one per chunk. Every entry read is
-    checked against its checksum.
+    are; a lookup then reads the ids of the few files that hold what it asks for, and keeps them
+    (``KEPT_FILE_BYTES``) for the lookups of later chunks, so a log read in many chunks costs
+    about one pass over the cache, not one per chunk. Every entry read is checked against its
+    checksum.
     """
 
     def __init__(self, root: Path, name: str) -> None:
         self.folder = root / "tokens" / LAYOUT / name
         self._index: dict[bytes, tuple[int, int]] | None = None
         self._files: list[Path | None] = []  # None: discarded
+        self._kept: OrderedDict[int, pl.DataFrame] = OrderedDict()  # files read, newest last
         self.damaged = 0  # damaged entries or files found since the last look
 
     def lookup(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
@@ -143,7 +146,7 @@ class TokenCache:
             path = self._files[file]
             assert path is not None
             try:
-                frame = pl.read_parquet(path, columns=["ids", "check"])
+                frame = self._read_ids(file, path)
                 rows = [row for _, row in items]
                 blobs = frame["ids"].gather(rows).to_list()
                 checks = frame["check"].gather(rows).to_list()
@@ -161,11 +164,25 @@ class TokenCache:
                 found[key] = np.frombuffer(ids, dtype="<i4").astype(np.int32, copy=False)
         return found
 
+    def _read_ids(self, file: int, path: Path) -> pl.DataFrame:
+        """A file's ids and checks, kept for the lookups of later chunks (shared texts, a system
+        prompt above all, sit in the files that first stored them: a chunk's lookup reads
+        several): up to KEPT_FILE_BYTES of files, the least recently read dropped first."""
+        frame = self._kept.pop(file, None)
+        if frame is None:
+            frame = pl.read_parquet(path, columns=["ids", "check"])
+        self._kept[file] = frame
+        kept = sum(f.estimated_size() for f in self._kept.values())
+        while kept > KEPT_FILE_BYTES and len(self._kept) > 1:
+            kept -= self._kept.popitem(last=False)[1].estimated_size()
+        return frame
+
     def _discard(self, file: int, entries: int) -> None:
         """A damaged file: deleted, its entries forgotten (their texts are tokenized again)."""
         path = self._files[file]
         self.damaged += entries
         self._files[file] = None
+        self._kept.pop(file, None)
         if self._index is not None:
             self._index = {k: v for k, v in self._index.items() if v[0] != file}
         if path is not None:
@@ -178,6 +195,7 @@ class TokenCache:
         known = {path for path in self._files if path is not None}
         if self._index is None or not known <= set(files):
             self._index, self._files = {}, []
+            self._kept.clear()
             known = set()
             self._remove_stale_temporaries()
         for path in files:

@@ -17,7 +17,8 @@ from analyzer.progress import NoProgress, Progress
 from analyzer.records import Record
 from analyzer.token_cache import CacheStats, cached_ids, encode_texts, store_ids
 from analyzer.tokenizer import Tokenizer
-from cache_models.hash_runs import HashTrace, RunTable, run_workload
+from cache_models.hash_runs import HashTrace
+from cache_models.runs import RunWorkload
 from cache_models.workload import Workload, offsets_of
 
 # Finish reasons that mean the request hit max_tokens; anything else ended on a stop token.
@@ -205,22 +206,24 @@ def build_workload(
 def build_run_workload(
     records: Sequence[Record],
     trace: HashTrace,
-    table: RunTable,
+    runs: RunWorkload,
     *,
     chunk_state: ChunkState,
     routing_fields: Sequence[str] = (),
 ) -> TokenizedLog:
-    """Records of a hash-id trace (``trace`` holds their ids as columns) as runs of ``table``:
-    the same requests, rows and namespaces as ``build_workload`` gives them, the tokens left
-    unexpanded (``cache_models.hash_runs``)."""
+    """Records of a hash-id trace (``trace`` holds their ids as columns, ``runs`` their runs:
+    ``cache_models.hash_runs.run_workload``) with the same requests, rows and namespaces as
+    ``build_workload`` gives them, the tokens left unexpanded."""
     namespace, namespace_labels = _namespaces(records, chunk_state)
-    trace = replace(
-        trace,
-        namespace=namespace,
-        stop_finish=np.array([_is_stop(r.finish_reason) for r in records], bool),
-        arrival_s=_arrivals(records),
+    workload = replace(
+        runs,
+        runs=replace(
+            runs.runs,
+            namespace=namespace,
+            stop_finish=np.array([_is_stop(r.finish_reason) for r in records], bool),
+            arrival_s=_arrivals(records),
+        ),
     )
-    workload, chunk_state.next_unknown = run_workload(trace, table, chunk_state.next_unknown)
     return TokenizedLog(
         workload=workload,  # type: ignore[arg-type]  # a RunWorkload: replayed, never indexed
         requests=_requests_frame(

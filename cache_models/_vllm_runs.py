@@ -20,6 +20,7 @@ those of the token replay of ``expand(workload)``.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from cache_models import _vllm_kernel as kernel
 from cache_models import engine_rules as rules
@@ -86,7 +87,7 @@ def run_keys(
     _absorb_runs(h, o_ids, o_w, o_off[r], o_off[r + 1], left, filled, block_size, keys, n_keys)
 
 
-@jit
+@njit(cache=True, error_model="numpy", nogil=True)  # as the token replays: other replays run
 def replay_sequential(
     pool: Pool,
     p_ids: np.ndarray,
@@ -121,6 +122,7 @@ def replay_sequential(
         run_keys(
             p_ids, p_w, p_off, o_ids, o_w, o_off, namespace[r], r, peak_tokens, block_size, keys
         )
+        kernel.touch_slots(pool, keys, peak_tokens // block_size)
         n_hit = 0
         if not skip[r]:
             n_hit = kernel.lookup(pool, keys, (prompt_len - 1) // block_size, table)

@@ -10,6 +10,7 @@ never be hit; each gets an id of its own above the trie's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,14 +43,28 @@ def block_stream(
 ) -> BlockStream:
     """The stream at ``block_size``; request r caches the full blocks of its first
     ``cached_tokens[r]`` tokens of prompt + outputs (``trie`` must be built from ``workload``)."""
+    return block_streams(trie, workload, [block_size], [cached_tokens])[0]
+
+
+def block_streams(
+    trie: TrieNodes,
+    workload: Workload,
+    block_sizes: Sequence[int],
+    cached_tokens: Sequence[np.ndarray],
+) -> list[BlockStream]:
+    """``block_stream`` at each of ``block_sizes`` (with its ``cached_tokens``), in one walk of
+    the workload's tokens."""
     trie = trie.expanded  # store indices are token positions
     prompt_lengths = workload.prompt_lengths.astype(np.int64)
-    cached = np.minimum(cached_tokens.astype(np.int64), prompt_lengths + workload.output_lengths)
-    offsets = np.zeros(workload.n_requests + 1, np.int64)
-    np.cumsum(cached // block_size, out=offsets[1:])
-    # ids stay below the store's size plus the blocks: int32 halves the stream's memory
-    ids = np.int32 if len(trie.store) + int(offsets[-1]) < np.iinfo(np.int32).max else np.int64
-    items = np.empty(offsets[-1], ids)
+    total = prompt_lengths + workload.output_lengths
+    cached = np.stack([np.minimum(np.asarray(c, np.int64), total) for c in cached_tokens])
+    sizes = np.asarray(block_sizes, np.int64)
+    offsets = np.zeros((len(sizes), workload.n_requests + 1), np.int64)
+    np.cumsum(cached // sizes[:, None], axis=1, out=offsets[:, 1:])
+    bases = np.r_[0, np.cumsum(offsets[:, -1])]
+    # ids stay below the store's size plus the blocks: int32 halves the streams' memory
+    small = len(trie.store) + int(bases[-1]) < np.iinfo(np.int32).max
+    items = np.empty(bases[-1], np.int32 if small else np.int64)
     n_items = _walk(
         child_map(trie),
         trie.start,
@@ -61,19 +76,22 @@ def block_stream(
         workload.output_offsets,
         workload.namespace.astype(np.int64),
         cached,
-        block_size,
-        offsets,
+        sizes,
+        offsets + bases[:-1, None],
         items,
     )
     peak_tokens = rules.vllm_peak_tokens(prompt_lengths, workload.output_lengths)
-    return BlockStream(
-        items=items,
-        offsets=offsets,
-        lookup=(prompt_lengths - 1) // block_size,
-        peak=rules.ceil_div(peak_tokens, block_size),
-        n_items=int(n_items),
-        block_size=block_size,
-    )
+    return [
+        BlockStream(
+            items=items[bases[k] : bases[k + 1]],
+            offsets=offsets[k],
+            lookup=(prompt_lengths - 1) // size,
+            peak=rules.ceil_div(peak_tokens, size),
+            n_items=int(n_items[k]),
+            block_size=int(size),
+        )
+        for k, size in enumerate(sizes)
+    ]
 
 
 @njit(cache=True)
@@ -88,21 +106,28 @@ def _walk(
     output_offsets,
     namespace,
     cached,
-    block_size,
+    sizes,
     offsets,
     items,
 ):
-    next_unique = len(store)
+    """Each request's path through the trie, an edge's run of tokens at a time; at every block
+    end of each size ``k`` (within ``cached[k, r]``) the block's item goes to ``items`` (stream
+    k's blocks of request r from ``offsets[k, r]``). Returns each stream's number of items."""
+    n_sizes = len(sizes)
+    next_unique = np.full(n_sizes, len(store), np.int64)
+    out = np.empty(n_sizes, np.int64)
     for r in range(len(prompt_offsets) - 1):
         p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
         o0 = output_offsets[r]
         prompt_len = p1 - p0
-        n = cached[r]
         node = child_of(children, 0, namespace[r])
         pos = 0  # tokens of ``node`` matched so far
-        out = offsets[r]
+        walked = 0
+        for k in range(n_sizes):
+            out[k] = offsets[k, r]
+            walked = max(walked, cached[k, r])
         i = 0  # tokens of the request walked so far
-        while i < n:
+        while i < walked:
             if node >= 0 and pos == length[node]:
                 token = (
                     prompt_tokens[p0 + i] if i < prompt_len else output_tokens[o0 + i - prompt_len]
@@ -110,14 +135,15 @@ def _walk(
                 node = child_of(children, node, token)
                 pos = 0
             if node < 0:  # off the trie: every block that ends from here on is new
-                for _ in range(n // block_size - i // block_size):
-                    items[out] = next_unique
-                    next_unique += 1
-                    out += 1
+                for k in range(n_sizes):
+                    for _ in range(cached[k, r] // sizes[k] - i // sizes[k]):
+                        items[out[k]] = next_unique[k]
+                        next_unique[k] += 1
+                        out[k] += 1
                 break
             # the run of tokens that follow the node's edge, the prompt's then the answer's
             edge = start[node] + pos
-            span = min(length[node] - pos, n - i)
+            span = min(length[node] - pos, walked - i)
             m = 0
             while m < span and i + m < prompt_len:
                 token = prompt_tokens[p0 + i + m]
@@ -130,11 +156,13 @@ def _walk(
                     if token < 0 or store[edge + m] != token:
                         break
                     m += 1
-            end = i // block_size * block_size + block_size - 1  # the first block end from i
-            while end < i + m:
-                items[out] = edge + end - i
-                out += 1
-                end += block_size
+            for k in range(n_sizes):
+                size = sizes[k]
+                end = i // size * size + size - 1  # the first block end from i
+                while end < min(i + m, cached[k, r]):
+                    items[out[k]] = edge + end - i
+                    out[k] += 1
+                    end += size
             i += m
             pos += m
             if m < span:  # token i differs from the trie's

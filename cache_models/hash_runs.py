@@ -115,10 +115,21 @@ def run_table(trace: HashTrace, chunk: int = 0) -> RunTable:
     boundary. A match ends between two entries, so every entry start of a prompt may be ``m``:
     the table is cut there too, and again for the entries those cuts make, until no cut is new
     (the cuts of a block only take offsets ``(m + k * chunk) mod block_size``, so this ends)."""
+    return trace_runs(trace, chunk)[0]
+
+
+def trace_runs(
+    trace: HashTrace, chunk: int = 0, next_unknown: int = -1
+) -> tuple[RunTable, RunWorkload, int]:
+    """``run_table(trace, chunk)``, and ``run_workload`` of the whole trace under it: the last
+    round of the chunk cuts' fixpoint reads the trace as those runs already, so it is not
+    read again."""
     ids, offsets = _own_cuts(trace)
     table = _table(ids, offsets, trace.block_size)
+    runs = None
     while chunk > 0:
-        more_ids, more_offsets = _chunk_cuts(trace, table, chunk)
+        runs = run_workload(trace, table, next_unknown)
+        more_ids, more_offsets = _chunk_cuts(trace, runs[0], chunk)
         codes = np.searchsorted(table.id_values, more_ids)
         known = np.isin(codes * (trace.block_size + 1) + more_offsets, table.keys)
         if known.all():
@@ -126,9 +137,13 @@ def run_table(trace: HashTrace, chunk: int = 0) -> RunTable:
         ids = np.concatenate([table.ids, more_ids[~known]])
         offsets = np.concatenate([table.offsets, more_offsets[~known]])
         table = _table(ids, offsets, trace.block_size)
+        runs = None
     unknown = trace.prompt_lengths + trace.output_lengths - trace.known_lengths
     distinct = len(table.id_values) * trace.block_size + int(np.maximum(unknown, 0).sum())
-    return replace(table, distinct_tokens=distinct)
+    table = replace(table, distinct_tokens=distinct)
+    if runs is None:
+        return table, *run_workload(trace, table, next_unknown)
+    return table, replace(runs[0], log_tokens_hint=distinct), runs[1]
 
 
 def _own_cuts(trace: HashTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -147,10 +162,9 @@ def _own_cuts(trace: HashTrace) -> tuple[np.ndarray, np.ndarray]:
     return ids, offsets.astype(np.int64)
 
 
-def _chunk_cuts(trace: HashTrace, table: RunTable, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+def _chunk_cuts(trace: HashTrace, runs: RunWorkload, chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """(id, offset) of every prefill chunk end ``m + k * chunk < L`` inside a block, for every
-    entry start ``m`` of every prompt under ``table``."""
-    runs, _ = run_workload(trace, table)
+    entry start ``m`` of every prompt of ``runs`` (``trace`` as runs)."""
     weights = runs.prompt_weights.astype(np.int64)
     offsets = runs.runs.prompt_offsets
     request = np.repeat(np.arange(trace.n_requests), np.diff(offsets))

@@ -98,6 +98,18 @@ class RunWorkload:
             self.log_tokens_hint,
         )
 
+    def rows(self, start: int, stop: int) -> RunWorkload:
+        """Requests ``start..stop-1`` (views: nothing copied)."""
+        offsets = self.runs.prompt_offsets, self.runs.output_offsets
+        (p0, p1), (o0, o1) = ((int(o[start]), int(o[stop])) for o in offsets)
+        return RunWorkload(
+            self.runs.rows(start, stop),
+            self.prompt_weights[p0:p1],
+            self.output_weights[o0:o1],
+            self.first_tokens,
+            self.log_tokens_hint,
+        )
+
     def kernel_weights(self) -> tuple[np.ndarray, np.ndarray]:
         """The prompt and output weights as contiguous int32 arrays (one compiled version)."""
         return (

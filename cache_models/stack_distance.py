@@ -46,8 +46,7 @@ def _thresholds(items, offsets, lookup, peak, extra, last):
     """The thresholds of the lookup blocks that have one, in stream order; ``last[item]``: the
     item's last release time (-1 on entry: none yet)."""
     n_requests = len(offsets) - 1
-    n_updates = len(items)
-    fenwick = np.zeros(n_updates + 1, np.int32)  # one marker at each item's last release time
+    marks = _new_marks(len(items))  # one marker at each item's last release time
     n_marked = 0
     clock = 0
     n_lookups = 0
@@ -62,20 +61,62 @@ def _thresholds(items, offsets, lookup, peak, extra, last):
             item = items[first + j]
             if last[item] < 0:  # never released: no threshold for it or the blocks after it
                 break
-            distance = n_marked - _prefix(fenwick, last[item])  # releases more recent
+            distance = n_marked - _marked_up_to(marks, last[item])  # releases more recent
             running = max(running, distance + extra[r] + 1, peak[r])
             out[size] = running
             size += 1
         for j in range(stop - 1, first - 1, -1):  # release, deepest first
             item = items[j]
             if last[item] >= 0:
-                _add(fenwick, last[item], -1)
+                _unmark(marks, last[item])
             else:
                 n_marked += 1
             last[item] = clock
-            _add(fenwick, clock, 1)
+            _mark(marks, clock)
             clock += 1
     return out[:size]
+
+
+# The markers: a bit per release time, and a Fenwick tree of the markers in each 64-bit word.
+# A count up to a time reads the tree over whole words and one word's bits: the tree has a
+# 64th of the times' entries, so it stays in cache where one entry per time did not.
+
+
+@njit(cache=True)
+def _new_marks(n_times):
+    n_words = n_times // 64 + 1
+    return np.zeros(n_words, np.uint64), np.zeros(n_words + 1, np.int32)
+
+
+@njit(cache=True, inline="always")
+def _mark(marks, time):
+    bits, fenwick = marks
+    bits[time >> 6] |= np.uint64(1) << np.uint64(time & 63)
+    _add(fenwick, time >> 6, 1)
+
+
+@njit(cache=True, inline="always")
+def _unmark(marks, time):
+    bits, fenwick = marks
+    bits[time >> 6] &= ~(np.uint64(1) << np.uint64(time & 63))
+    _add(fenwick, time >> 6, -1)
+
+
+@njit(cache=True, inline="always")
+def _marked_up_to(marks, time):
+    """Markers at times <= time."""
+    bits, fenwick = marks
+    word = time >> 6
+    low = bits[word] & (np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(63 - (time & 63)))
+    return _prefix(fenwick, word) + _popcount(low)
+
+
+@njit(cache=True, inline="always")
+def _popcount(x):
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
 
 
 @njit(cache=True, inline="always")
@@ -88,9 +129,9 @@ def _add(fenwick, index, delta):
 
 @njit(cache=True, inline="always")
 def _prefix(fenwick, index):
-    """Markers at times <= index."""
+    """The sum of entries before ``index``."""
     total = 0
-    i = index + 1
+    i = index
     while i > 0:
         total += fenwick[i]
         i -= i & -i

@@ -59,7 +59,9 @@ config, the adapter to the kernel and the result; the engine rules both use are
 A run-length workload (``cache_models.runs``, a hash-id trace's runs of synthetic tokens) replays
 sequentially in the fast path (``_vllm_runs``: a key per block over the runs it holds), whole or
 in a session, with the per-request results of replaying ``expand(workload)``; the other modes and
-the reference take tokens only (expand first).
+the reference take tokens only (expand first). With an unbounded cache, runs replay by the prefix
+trie instead (``_vllm_unbounded``: nothing is evicted, so a block is cached exactly when an
+earlier request kept its prefix), with the pool's hits and counters and no pool.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from cache_models import _vllm_kernel as kernel
 from cache_models import _vllm_runs as run_kernel
 from cache_models import engine_rules as rules
 from cache_models._vllm_reference import COUNTERS, NO_BUDGET, ReferenceReplay
+from cache_models._vllm_unbounded import UnboundedRuns
 from cache_models.config import VllmConfig
 from cache_models.result import ReplayResult
 from cache_models.runs import RunWorkload
@@ -97,6 +100,8 @@ class VllmPrefixCache:
         (``cache_models.runs``) replays sequentially only, with the results of its expansion."""
         if isinstance(workload, RunWorkload):
             _check_runs(self.config, self.implementation)
+            if self.config.usable_blocks is None:
+                return _unbounded_result(UnboundedRuns(self.config.block_size), workload)
             return _replay_runs(self.config, workload, None)[0]
         if self.config.time_model is not None:
             if workload.arrival_s is None:
@@ -124,6 +129,7 @@ class VllmSession:
         self.config = config
         self.reference = ReferenceReplay(config) if implementation == "reference" else None
         self.pool: kernel.Pool | None = None  # the fast path's pool, once fed
+        self.unbounded: UnboundedRuns | None = None  # an unbounded cache fed runs
         self.runs: bool | None = None  # whether it is fed run-length chunks (None: not yet fed)
 
     def feed(self, chunk: Workload | RunWorkload) -> ReplayResult:
@@ -133,7 +139,10 @@ class VllmSession:
         if runs:
             _check_runs(self.config, "reference" if self.reference is not None else "fast")
         self.runs = runs
-        if runs:
+        if isinstance(chunk, RunWorkload):
+            if self.config.usable_blocks is None:
+                self.unbounded = self.unbounded or UnboundedRuns(self.config.block_size)
+                return _unbounded_result(self.unbounded, chunk)
             result, self.pool = _replay_runs(self.config, chunk, self.pool)
             return result
         if self.reference is not None:
@@ -160,6 +169,13 @@ def _check_runs(config: VllmConfig, implementation: Implementation) -> None:
             "run-length workloads replay sequentially (max_in_flight=1, no time_model, the fast "
             "implementation): expand them first (cache_models.runs.expand)"
         )
+
+
+def _unbounded_result(cache: UnboundedRuns, workload: RunWorkload) -> ReplayResult:
+    """An unbounded cache's sequential replay of runs, by the prefix trie (``_vllm_unbounded``:
+    no pool, the pool's hits and counters)."""
+    hit_tokens, counters = cache.feed(workload)
+    return _result(hit_tokens, counters, cache.block_size, workload)
 
 
 def _reference_result(reference: ReferenceReplay, workload: Workload) -> ReplayResult:

@@ -178,6 +178,30 @@ class Workload:
             max_new_tokens=None if self.max_new_tokens is None else self.max_new_tokens[indices],
         )
 
+    def rows(self, start: int, stop: int) -> Workload:
+        """Requests ``start..stop-1``, as ``select(range(start, stop))`` gives them, but views
+        of this workload's arrays (nothing copied)."""
+        p0, p1 = int(self.prompt_offsets[start]), int(self.prompt_offsets[stop])
+        o0, o1 = int(self.output_offsets[start]), int(self.output_offsets[stop])
+        rows = slice(start, stop)
+
+        def part(column: np.ndarray | None) -> np.ndarray | None:
+            return None if column is None else column[rows]
+
+        return Workload(
+            prompt_tokens=self.prompt_tokens[p0:p1],
+            prompt_offsets=self.prompt_offsets[start : stop + 1] - p0,
+            output_tokens=self.output_tokens[o0:o1],
+            output_offsets=self.output_offsets[start : stop + 1] - o0,
+            namespace=self.namespace[rows],
+            stop_finish=self.stop_finish[rows],
+            arrival_s=part(self.arrival_s),
+            priority=part(self.priority),
+            skip_prefix_lookup=part(self.skip_prefix_lookup),
+            hit_limit=part(self.hit_limit),
+            max_new_tokens=part(self.max_new_tokens),
+        )
+
     @classmethod
     def from_arrays(
         cls,

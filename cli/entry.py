@@ -42,11 +42,15 @@ def main() -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        # What the imports make lives as long as the process: the collector is off while they
+        # run (its passes over a thousand modules' objects found nothing to free), and then
+        # frozen, so its full passes skip it (they ran over it again and again while a log was
+        # read).
+        gc.disable()
         from cli.main import app
 
-        # What the imports made lives as long as the process: frozen, the collector's full
-        # passes skip it (they ran over it again and again while a log was read).
         gc.freeze()
+        gc.enable()
         app()
     except (KeyboardInterrupt, _Interrupted) as exc:
         terminated = isinstance(exc, _Interrupted) and exc.signum == signal.SIGTERM

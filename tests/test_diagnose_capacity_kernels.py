@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cache_models.belady import belady_hit_blocks
-from cache_models.block_stream import BlockStream, block_stream
+from cache_models.block_stream import BlockStream, block_stream, block_streams
 from cache_models.config import SglangConfig, VllmConfig
 from cache_models.prefix_trie import PrefixTrie, TrieNodes
 from cache_models.sglang_radix import SglangRadixCache
@@ -104,6 +104,28 @@ def test_unknown_outputs_get_blocks_of_their_own() -> None:
     assert first[0] == second[0] and first[1] != second[1]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_one_walk_gives_each_size_its_own_stream(seed: int) -> None:
+    """block_streams walks the tokens once for several sizes: each stream is the one walked
+    alone (its items, unknown blocks' ids, offsets, lookups and peaks)."""
+    rng = np.random.default_rng(seed)
+    workload = to_workload(random_workload(seed, n_requests=80, vocab=5))
+    trie = PrefixTrie()
+    trie.replay(workload)
+    assert trie.nodes is not None
+    total = workload.prompt_lengths + workload.output_lengths
+    sizes = [4, 1, 3]
+    cached = [rng.integers(0, total + 1) for _ in sizes]
+    together = block_streams(trie.nodes, workload, sizes, cached)
+    for stream, size, tokens in zip(together, sizes, cached, strict=True):
+        alone = block_stream(trie.nodes, workload, size, tokens)
+        assert np.array_equal(stream.items, alone.items)
+        assert np.array_equal(stream.offsets, alone.offsets)
+        assert np.array_equal(stream.lookup, alone.lookup)
+        assert np.array_equal(stream.peak, alone.peak)
+        assert stream.n_items == alone.n_items and stream.block_size == size
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("block", [1, 4, 16])
 def test_lru_curve_is_vllm_replay(seed: int, block: int) -> None:
@@ -145,6 +167,49 @@ def test_lru_curve_exact_case() -> None:
     workload = Workload.from_lists([a, b, c, a], [[0]] * 4)
     thresholds = hit_thresholds(sglang_stream(workload))
     assert hit_blocks(thresholds, np.array([12, 13, 14, 15, 16, 99])).tolist() == [0, 1, 2, 3, 4, 4]
+
+
+def reference_thresholds(stream: BlockStream, held_back: np.ndarray) -> list[int]:
+    """hit_thresholds by the definition, on a recency list (most recent release last)."""
+    released: list[int] = []
+    out = []
+    for r in range(stream.n_requests):
+        blocks = stream.items[stream.offsets[r] : stream.offsets[r + 1]].tolist()
+        running = 0
+        for item in blocks[: stream.lookup[r]]:
+            if item not in released or running is None:
+                running = None
+                continue
+            newer = len(released) - 1 - released.index(item)
+            running = max(running, newer + int(held_back[r]) + 1, int(stream.peak[r]))
+            out.append(running)
+        for item in reversed(blocks):  # deepest first
+            if item in released:
+                released.remove(item)
+            released.append(item)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_thresholds_are_the_stack_distances(seed: int) -> None:
+    """The one-pass kernel (markers in 64-bit words) against the definition, on streams long
+    enough to cross many words, with items reused at every distance."""
+    rng = np.random.default_rng(seed)
+    n_requests = int(rng.integers(20, 60))
+    lengths = rng.integers(0, 30, n_requests)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    n_items = int(rng.integers(5, 200))
+    items = rng.integers(0, n_items, int(offsets[-1])).astype(np.int64)
+    stream = BlockStream(
+        items=items,
+        offsets=offsets,
+        lookup=rng.integers(0, 32, n_requests).astype(np.int64),
+        peak=rng.integers(0, 40, n_requests).astype(np.int64),
+        n_items=n_items,
+        block_size=1,
+    )
+    held_back = rng.integers(0, 2, n_requests).astype(np.int64)
+    assert hit_thresholds(stream, held_back).tolist() == reference_thresholds(stream, held_back)
 
 
 def brute_force_optimum(stream: BlockStream, capacity: int) -> int:

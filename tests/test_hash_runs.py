@@ -16,7 +16,7 @@ from analyzer.ingest import IngestOptions
 from analyzer.loaders.hash_trace import expand_hash_ids
 from analyzer.pipeline import AnalyzeOptions, analyze
 from analyzer.replay import ReplaySettings
-from cache_models.hash_runs import HashTrace, cut_points, run_table, run_workload
+from cache_models.hash_runs import HashTrace, cut_points, run_table, run_workload, trace_runs
 from cache_models.runs import RunWorkload, expand
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,10 +112,35 @@ def test_a_chunk_of_the_trace_reads_as_the_same_requests() -> None:
     for part, rows in ((head, range(25)), (tail, range(25, 60))):
         for j, i in enumerate(rows):
             assert np.array_equal(part.runs.prompt(j), whole.runs.prompt(i))
+    # A view of the whole pass is the chunk's own pass, unknown ids included.
+    for part, (lo, hi) in ((head, (0, 25)), (tail, (25, 60))):
+        view = whole.rows(lo, hi)
+        for column in ("prompt_tokens", "prompt_offsets", "output_tokens", "output_offsets"):
+            assert np.array_equal(getattr(view.runs, column), getattr(part.runs, column))
+        assert np.array_equal(view.prompt_weights, part.prompt_weights)
+        assert np.array_equal(view.output_weights, part.output_weights)
+    assert whole.rows(5, 5).n_requests == 0
     assert isinstance(whole.select(np.arange(10, 20)), RunWorkload)
     assert np.array_equal(
         whole.select(np.arange(10, 20)).prompt_lengths, trace.prompt_lengths[10:20]
     )
+
+
+@pytest.mark.parametrize("chunk", [0, 8, 24])
+def test_trace_runs_is_the_table_and_the_trace_read_under_it(chunk: int) -> None:
+    """The fixpoint's last round stands for a separate pass: the same table, runs and ids."""
+    trace = random_trace(np.random.default_rng(11), 80, 8, 4)
+    table, runs, next_unknown = trace_runs(trace, chunk, -3)
+    expected_table = run_table(trace, chunk)
+    expected, expected_next = run_workload(trace, expected_table, -3)
+    assert np.array_equal(table.keys, expected_table.keys)
+    assert table.distinct_tokens == expected_table.distinct_tokens
+    assert next_unknown == expected_next
+    assert runs.log_tokens_hint == expected.log_tokens_hint == table.distinct_tokens
+    for column in ("prompt_tokens", "prompt_offsets", "output_tokens", "output_offsets"):
+        assert np.array_equal(getattr(runs.runs, column), getattr(expected.runs, column))
+    assert np.array_equal(runs.prompt_weights, expected.prompt_weights)
+    assert np.array_equal(runs.output_weights, expected.output_weights)
 
 
 def _trace_file(path: Path, rng: np.random.Generator) -> Path:
@@ -189,7 +214,8 @@ def test_the_log_tokens_hint_sizes_vllms_pool_once_and_changes_no_result() -> No
     trace = random_trace(np.random.default_rng(5), 200, 16, 8, chained=True)
     table = run_table(trace)
     assert table.distinct_tokens >= len(np.unique(trace.ids)) * 16
-    hinted, plain = (VllmPrefixCache(VllmConfig(block_size=4)).session() for _ in range(2))
+    config = VllmConfig(block_size=4, capacity_tokens=4 << 20)  # a pool (unbounded: a trie)
+    hinted, plain = (VllmPrefixCache(config).session() for _ in range(2))
     sizes, next_unknown = [], -1
     for rows in (slice(0, 50), slice(50, 120), slice(120, 200)):
         part, next_unknown = run_workload(trace.select(rows), table, next_unknown)

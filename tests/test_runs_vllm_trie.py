@@ -114,9 +114,36 @@ def test_vllm_replays_runs_as_their_expansion() -> None:
     assert hit_some and evicted_some and rejected_some  # the cases reach every path
 
 
+def test_unbounded_vllm_by_the_trie_is_the_pool_replay() -> None:
+    """An unbounded cache replays runs by the prefix trie (``_vllm_unbounded``): every hit and
+    counter of the pool's replay of the same runs, whole and in a session; the cases hit,
+    recompute cached blocks (duplicates, some past the prompt) and skip lookups."""
+    duplicates = past_prompt = skipped = 0
+    for _, trace, table, workload in cases():
+        for size in BLOCK_SIZES:
+            config = VllmConfig(block_size=size)
+            by_trie = VllmPrefixCache(config).replay(workload)
+            by_pool, _ = vllm_apc._replay_runs(config, workload, None)
+            assert_same(by_trie, by_pool)
+            session, pool, next_run = VllmPrefixCache(config).session(), None, -1
+            for lo in range(0, trace.n_requests, CHUNK):
+                chunk, next_run = run_workload(trace.select(slice(lo, lo + CHUNK)), table, next_run)
+                expected, pool = vllm_apc._replay_runs(config, chunk, pool)
+                assert_same(session.feed(chunk), expected)
+            assert session.pool is None and session.unbounded is not None
+            dup = by_pool.counters["duplicate_blocks"]
+            duplicates += int(dup.sum())
+            hit_blocks = by_pool.hit_tokens // size
+            prompt_blocks = workload.prompt_lengths // size
+            past_prompt += int((hit_blocks + dup > prompt_blocks).sum())
+            skipped += int((workload.runs.skips_lookup & (dup > 0)).sum())
+    assert duplicates and past_prompt and skipped
+
+
 def test_vllm_run_replay_in_slices_is_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole replay grows the pool between slices of requests: slices as small as the pool
-    allows give the results of one pass."""
+    allows give the results of one pass (an unbounded pool too, which ``replay`` leaves to the
+    trie)."""
     calls = []
     kernel = vllm_apc.run_kernel.replay_sequential
     monkeypatch.setattr(vllm_apc, "MIN_SLICE_BLOCKS", 1)
@@ -128,7 +155,8 @@ def test_vllm_run_replay_in_slices_is_one_pass(monkeypatch: pytest.MonkeyPatch) 
         for config in configs():
             calls.clear()
             assert_same(
-                VllmPrefixCache(config).replay(workload), VllmPrefixCache(config).replay(tokens)
+                vllm_apc._replay_runs(config, workload, None)[0],
+                VllmPrefixCache(config).replay(tokens),
             )
             if config.block_size == 1 and config.capacity_tokens is None:
                 assert len(calls) > 1

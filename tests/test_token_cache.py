@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analyzer import token_cache
 from analyzer.token_cache import (
     LAYOUT,
     TokenCache,
@@ -47,6 +48,38 @@ def test_second_run_reads_the_cache(tmp_path: Path) -> None:
     assert second[3].tolist() == [] and second[0].dtype == np.int32
     files = list((tmp_path / "tokens" / LAYOUT / namespace(tokenizer.fingerprint)).glob("*"))
     assert len(files) == 1 and files[0].suffix == ".parquet"
+
+
+def test_lookups_keep_the_files_they_read_up_to_a_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file a lookup read is not read again by the next chunk's lookup (a shared system
+    prompt lives in the file that first stored it), unless the kept files passed the budget."""
+    cache = TokenCache(tmp_path, "t")
+    stored = {bytes([i]) * 16: np.arange(i, i + 50, dtype=np.int32) for i in range(1, 7)}
+    keys = list(stored)
+    for part in (keys[:3], keys[3:]):  # two files
+        cache.store(part, [stored[k] for k in part])
+    reads: list[Path] = []
+    real = token_cache.pl.read_parquet
+
+    def counted(path: Path, *args: object, **kwargs: object) -> object:
+        if kwargs.get("columns") == ["ids", "check"]:
+            reads.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(token_cache.pl, "read_parquet", counted)
+    for _ in range(3):
+        found = cache.lookup(keys)
+        assert {k: v.tolist() for k, v in found.items()} == {
+            k: v.tolist() for k, v in stored.items()
+        }
+    assert len(reads) == 2  # each file once
+    monkeypatch.setattr(token_cache, "KEPT_FILE_BYTES", 1)  # one file kept at most
+    reads.clear()
+    for _ in range(2):
+        assert len(cache.lookup(keys)) == len(keys)
+    assert len(reads) == 3  # the other file each time, the newest once kept
 
 
 def test_keys_separate_texts_specials_and_tokenizers(tmp_path: Path) -> None:

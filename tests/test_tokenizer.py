@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -50,6 +51,23 @@ def make_model_folder(folder: Path, config: dict) -> Path:
     backend.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
+
+
+def test_decoding_without_the_encoder_is_tiktokens_decoding() -> None:
+    """Before the encoder is built, decode joins each id's bytes from the ranks file: the same
+    text as tiktoken's decode, for added tokens, ids cut inside a character, and ids past the
+    vocabulary (dropped by both)."""
+    lazy, built = load_tokenizer(None), load_tokenizer(None)
+    text = "<|im_start|>system\nSé bref 世界 🙂\t<tool_call>{}</tool_call><|im_end|>"
+    (ids,) = built.encode_batch([text], add_special_tokens=False)
+    rng = np.random.default_rng(3)
+    samples = [ids, ids[:-4], ids[3:], np.r_[ids, 151700, -1]]
+    samples += [rng.integers(0, 151670, 30) for _ in range(20)]
+    wanted = [built.decode(sample) for sample in samples]  # builds the encoder
+    assert "_encoding" in vars(built)
+    assert [lazy.decode(sample) for sample in samples] == wanted
+    assert "_encoding" not in vars(lazy)
+    assert wanted[0] == text
 
 
 def test_model_folder_with_config(tmp_path: Path) -> None:

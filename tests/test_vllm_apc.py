@@ -433,7 +433,8 @@ def session_state(session: VllmSession) -> list[object]:
         for key, copies in pool.map.tolist()
         if copies & kernel.LOW32 != kernel.LOW32
     }  # the map by key: its slots depend on how far the pool has grown
-    return [pool.blocks[:used].tolist(), pool.key[:used].tolist(), cached, pool.state.tolist()]
+    state = pool.state[: kernel.TOUCHED].tolist()  # TOUCHED: what warm-up loads read
+    return [pool.blocks[:used].tolist(), pool.key[:used].tolist(), cached, state]
 
 
 def test_session_memory_follows_the_capacity_not_the_log() -> None:

@@ -12,7 +12,7 @@ from analyzer.diagnose.scenarios import Scenario, replay_many, server_parts
 from analyzer.replay import ReplaySettings
 from cache_models import engine_rules as rules
 from cache_models.belady import belady_hit_blocks
-from cache_models.block_stream import BlockStream, block_stream
+from cache_models.block_stream import BlockStream, block_streams
 from cache_models.config import blocks_in
 from cache_models.prefix_trie import TrieNodes
 from cache_models.stack_distance import hit_blocks, hit_thresholds
@@ -194,8 +194,12 @@ def _models(
     thresholds: dict[str, list[np.ndarray]] = {"vllm": [], "sglang": []}
     for indices in parts:
         part = workload if len(parts) == 1 else workload.select(indices)
-        for engine, size in sizes.items():
-            stream = block_stream(trie, part, size, cached[engine][indices])
+        engines = list(sizes)
+        walked = block_streams(
+            trie, part, [sizes[e] for e in engines], [cached[e][indices] for e in engines]
+        )
+        for engine, stream in zip(engines, walked, strict=True):
+            size = sizes[engine]
             held_back = None
             if engine == "vllm":  # vLLM's free queue keeps the last partial block at its head
                 partial = (cached[engine][indices] % size != 0).astype(np.int64)
@@ -208,9 +212,9 @@ def _models(
     }
 
 
-def _merged(thresholds: list[np.ndarray]) -> np.ndarray:
-    """The servers' sorted thresholds as one sorted array (one server's as they are)."""
-    return thresholds[0] if len(thresholds) == 1 else np.sort(np.concatenate(thresholds))
+def _merged(sorted_parts: list[np.ndarray]) -> np.ndarray:
+    """Ascending arrays as one ascending array (one is already)."""
+    return sorted_parts[0] if len(sorted_parts) == 1 else np.sort(np.concatenate(sorted_parts))
 
 
 def _blocks_for(model: _Model, hits: float) -> int:
