@@ -3,6 +3,7 @@ whole or chunk by chunk (a log of billions of tokens never has to be in memory a
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, islice
@@ -138,6 +139,9 @@ class ChunkedIngest:
                     record.prompt_token_ids = record.output_token_ids = None
             done = read
             self.report("reading", requests)
+            # A chunk's records and rows live until the report, or until the replay streams
+            # past them (freed then as ever): frozen, the collector's full passes skip them.
+            gc.freeze()
             yield Chunk(batch, tokenized)
 
     def _run_chunks(self, read: list[Record], chunk_records: int, chunk: int) -> Iterator[Chunk]:

@@ -22,7 +22,7 @@ class HashBlocks:
     known_length: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """A request: exactly one of ``messages``, ``prompt``, ``prompt_token_ids`` or
     ``hash_blocks`` (a hash-id trace's line, expanded into tokens when it is tokenized) is set.

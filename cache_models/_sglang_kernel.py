@@ -159,7 +159,7 @@ def _free_node(t: Tree, n: int) -> None:
 
 
 # -- child map ------------------------------------------------------------------------------------
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: int) -> int:
     h = np.int64(_FNV_OFFSET)
     h = (h ^ np.int64(parent)) * np.int64(_FNV_PRIME)
@@ -176,7 +176,7 @@ def _node_hash(t: Tree, n: int, page_size: int) -> int:
     )
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _find_child(
     table: np.ndarray,
     nodes: np.ndarray,
@@ -188,7 +188,9 @@ def _find_child(
     page_size: int,
 ) -> int:
     """The child of ``parent`` whose key starts with tokens[off : off + page_size], else -1
-    (it takes the three arrays it reads, not the tree: a call counts references to each)."""
+    (it takes the three arrays it reads, not the tree; inlined, with ``_page_hash``: a call
+    would count references to every array it is passed, atomically, once per node walked,
+    which took most of the replay's time)."""
     h = _page_hash(parent, ns, tokens, off, page_size)
     mask = len(table) - 1
     s = h & mask

@@ -22,12 +22,12 @@ def empty_children():
     return Dict.empty(key_type=types.int64, value_type=types.int64)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def child_key(node: int, token: int) -> int:
     return (node << 32) | (token & 0xFFFFFFFF)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def find_child(children, node: int, token: int) -> int:
     key = child_key(node, token)
     return children[key] if key in children else NO_CHILD  # noqa: SIM401 (numba: .get is Optional)
@@ -88,6 +88,7 @@ def feed_tokens(
     reach = np.zeros(n_views, np.int64)  # per view: the longest min(LCP, kept) so far
     kept = np.zeros(n_views, np.int64)  # per view: what the engine keeps of this request
     seq = np.zeros(1024, np.int32)
+    path = np.zeros(64, np.int64)  # the nodes the match passed through whole
 
     for r in range(n_requests):
         request = sizes[N_REQUESTS] + r  # counted over the whole stream
@@ -116,7 +117,7 @@ def feed_tokens(
         # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
         limit = min(prompt_len - 1, seq_len)
         reach[:] = 0
-        node, pos = root, 0
+        node, pos, n_path = root, 0, 0
         while pos < limit:
             child = find_child(children, node, seq[pos])
             if child == NO_CHILD:
@@ -130,13 +131,26 @@ def feed_tokens(
                 reach[v] = max(reach[v], min(pos, best[child, v]))
             if m < span:
                 break
+            path = grow(path, n_path + 1)
+            path[n_path] = child
+            n_path += 1
             node = child
         for v in range(n_views):
             g = view_granularity[v]
             hits[v, r] = min(prompt_len - 1, reach[v]) // g * g
 
-        # 2. insert prompt + cacheable outputs, splitting at divergences and at the prompt end
+        # 2. insert prompt + cacheable outputs, splitting at divergences and at the prompt end;
+        # the nodes the match passed through whole lie inside the prompt: counted as they are
         node, pos = root, 0
+        for k in range(n_path):
+            child = path[k]
+            columns[child, COUNT] += 1
+            if columns[child, FIRST] < 0:
+                columns[child, FIRST] = request
+            for v in range(n_views):
+                best[child, v] = max(best[child, v], kept[v])
+            pos += columns[child, LENGTH]
+            node = child
         while pos < seq_len:
             child = find_child(children, node, seq[pos])
             if child == NO_CHILD:

@@ -26,7 +26,7 @@ from cache_models.workload import Workload
 class BlockStream:
     """Request r's cacheable full blocks are ``items[offsets[r] : offsets[r + 1]]``, root first."""
 
-    items: np.ndarray  # int64 item ids
+    items: np.ndarray  # item ids: int32 (int64 when they would not fit)
     offsets: np.ndarray  # int64, one more than requests
     lookup: np.ndarray  # int64 per request: its leading blocks a lookup may hit, (L - 1) // B
     peak: np.ndarray  # int64 per request: blocks it holds at its peak (whole blocks)
@@ -62,7 +62,9 @@ def block_streams(
     offsets = np.zeros((len(sizes), workload.n_requests + 1), np.int64)
     np.cumsum(cached // sizes[:, None], axis=1, out=offsets[:, 1:])
     bases = np.r_[0, np.cumsum(offsets[:, -1])]
-    items = np.empty(bases[-1], np.int64)
+    # ids stay below the store's size plus the blocks: int32 halves the streams' memory
+    small = len(trie.store) + int(bases[-1]) < np.iinfo(np.int32).max
+    items = np.empty(bases[-1], np.int32 if small else np.int64)
     n_items = _walk(
         child_map(trie),
         trie.start,
@@ -108,14 +110,12 @@ def _walk(
     offsets,
     items,
 ):
-    """Each request's path through the trie, token by token; at every block end of each size
-    ``k`` (within ``cached[k, r]``) the block's item goes to ``items`` (stream k's blocks of
-    request r from ``offsets[k, r]``). Returns each stream's number of items."""
-    n_store = len(store)
+    """Each request's path through the trie, an edge's run of tokens at a time; at every block
+    end of each size ``k`` (within ``cached[k, r]``) the block's item goes to ``items`` (stream
+    k's blocks of request r from ``offsets[k, r]``). Returns each stream's number of items."""
     n_sizes = len(sizes)
-    next_unique = np.full(n_sizes, n_store, np.int64)
+    next_unique = np.full(n_sizes, len(store), np.int64)
     out = np.empty(n_sizes, np.int64)
-    till = np.empty(n_sizes, np.int64)
     for r in range(len(prompt_offsets) - 1):
         p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
         o0 = output_offsets[r]
@@ -125,26 +125,46 @@ def _walk(
         walked = 0
         for k in range(n_sizes):
             out[k] = offsets[k, r]
-            till[k] = sizes[k]  # tokens to the end of the block
             walked = max(walked, cached[k, r])
-        for i in range(walked):
-            token = prompt_tokens[p0 + i] if i < prompt_len else output_tokens[o0 + i - prompt_len]
+        i = 0  # tokens of the request walked so far
+        while i < walked:
             if node >= 0 and pos == length[node]:
+                token = (
+                    prompt_tokens[p0 + i] if i < prompt_len else output_tokens[o0 + i - prompt_len]
+                )
                 node = child_of(children, node, token)
                 pos = 0
-            if node >= 0 and (token < 0 or store[start[node] + pos] != token):
-                node = -1
-            pos += 1
-            for k in range(n_sizes):
-                till[k] -= 1
-                if till[k] == 0:
-                    till[k] = sizes[k]
-                    if i >= cached[k, r]:
-                        continue
-                    if node >= 0:
-                        items[out[k]] = start[node] + pos - 1
-                    else:
+            if node < 0:  # off the trie: every block that ends from here on is new
+                for k in range(n_sizes):
+                    for _ in range(cached[k, r] // sizes[k] - i // sizes[k]):
                         items[out[k]] = next_unique[k]
                         next_unique[k] += 1
+                        out[k] += 1
+                break
+            # the run of tokens that follow the node's edge, the prompt's then the answer's
+            edge = start[node] + pos
+            span = min(length[node] - pos, walked - i)
+            m = 0
+            while m < span and i + m < prompt_len:
+                token = prompt_tokens[p0 + i + m]
+                if token < 0 or store[edge + m] != token:
+                    break
+                m += 1
+            if i + m >= prompt_len:
+                while m < span:
+                    token = output_tokens[o0 + i + m - prompt_len]
+                    if token < 0 or store[edge + m] != token:
+                        break
+                    m += 1
+            for k in range(n_sizes):
+                size = sizes[k]
+                end = i // size * size + size - 1  # the first block end from i
+                while end < min(i + m, cached[k, r]):
+                    items[out[k]] = edge + end - i
                     out[k] += 1
+                    end += size
+            i += m
+            pos += m
+            if m < span:  # token i differs from the trie's
+                node = -1
     return next_unique

@@ -20,8 +20,6 @@ from numba import njit
 
 from cache_models.block_stream import BlockStream
 
-NEVER = np.iinfo(np.int64).max
-
 
 def hit_thresholds(stream: BlockStream, held_back: np.ndarray | None = None) -> np.ndarray:
     """For every lookup block, the smallest capacity (in blocks) at which it hits, ascending.
@@ -31,10 +29,11 @@ def hit_thresholds(stream: BlockStream, held_back: np.ndarray | None = None) -> 
     released before has no threshold and is left out.
     """
     extra = np.zeros(stream.n_requests, np.int64) if held_back is None else held_back
-    thresholds = _thresholds(
-        stream.items, stream.offsets, stream.lookup, stream.peak, extra, stream.n_items
-    )
-    return np.sort(thresholds[thresholds != NEVER])
+    small = len(stream.items) < np.iinfo(np.int32).max  # release times fit int32
+    last = np.full(stream.n_items, -1, np.int32 if small else np.int64)
+    thresholds = _thresholds(stream.items, stream.offsets, stream.lookup, stream.peak, extra, last)
+    thresholds.sort()
+    return thresholds
 
 
 def hit_blocks(thresholds: np.ndarray, capacity_blocks: np.ndarray) -> np.ndarray:
@@ -43,27 +42,29 @@ def hit_blocks(thresholds: np.ndarray, capacity_blocks: np.ndarray) -> np.ndarra
 
 
 @njit(cache=True)
-def _thresholds(items, offsets, lookup, peak, extra, n_items):
+def _thresholds(items, offsets, lookup, peak, extra, last):
+    """The thresholds of the lookup blocks that have one, in stream order; ``last[item]``: the
+    item's last release time (-1 on entry: none yet)."""
     n_requests = len(offsets) - 1
     marks = _new_marks(len(items))  # one marker at each item's last release time
-    last = np.full(n_items, -1, np.int64)
     n_marked = 0
     clock = 0
-    out_offsets = np.zeros(n_requests + 1, np.int64)
+    n_lookups = 0
     for r in range(n_requests):
-        out_offsets[r + 1] = out_offsets[r] + min(lookup[r], offsets[r + 1] - offsets[r])
-    out = np.empty(out_offsets[-1], np.int64)
+        n_lookups += min(lookup[r], offsets[r + 1] - offsets[r])
+    out = np.empty(n_lookups, np.int64)  # room for all: the pages never written stay unmapped
+    size = 0
     for r in range(n_requests):
         first, stop = offsets[r], offsets[r + 1]
         running = np.int64(0)
-        for j in range(out_offsets[r + 1] - out_offsets[r]):
+        for j in range(min(lookup[r], stop - first)):
             item = items[first + j]
-            if last[item] < 0 or running == NEVER:
-                running = NEVER
-            else:
-                distance = n_marked - _marked_up_to(marks, last[item])  # releases more recent
-                running = max(running, distance + extra[r] + 1, peak[r])
-            out[out_offsets[r] + j] = running
+            if last[item] < 0:  # never released: no threshold for it or the blocks after it
+                break
+            distance = n_marked - _marked_up_to(marks, last[item])  # releases more recent
+            running = max(running, distance + extra[r] + 1, peak[r])
+            out[size] = running
+            size += 1
         for j in range(stop - 1, first - 1, -1):  # release, deepest first
             item = items[j]
             if last[item] >= 0:
@@ -73,7 +74,7 @@ def _thresholds(items, offsets, lookup, peak, extra, n_items):
             last[item] = clock
             _mark(marks, clock)
             clock += 1
-    return out
+    return out[:size]
 
 
 # The markers: a bit per release time, and a Fenwick tree of the markers in each 64-bit word.

@@ -32,17 +32,22 @@ def nodes_on_paths(
 
 
 def child_map(trie: TrieNodes) -> Dict:
-    """The child map, keyed as the trie keys it: (parent, first token); roots by namespace."""
+    """The child map, keyed as the trie keys it: (parent, first token); roots by namespace.
+    Made once per trie (kept on it, as a cached property is; read only)."""
     trie = trie.expanded
-    return _children(trie.parent, trie.start, trie.length, trie.namespace, trie.store)
+    children = trie.__dict__.get("_child_map")
+    if children is None:
+        children = _children(trie.parent, trie.start, trie.length, trie.namespace, trie.store)
+        trie.__dict__["_child_map"] = children
+    return children
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def child_key(node: int, token: int) -> int:
     return (node << 32) | (token & 0xFFFFFFFF)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def child_of(children, node: int, token: int) -> int:
     """The child of ``node`` whose edge starts with ``token`` (-1: none)."""
     key = child_key(node, token)

@@ -4,6 +4,7 @@ agrees with full replays, and the Belady bound is the exhaustive optimum and bou
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from cache_models.belady import belady_hit_blocks
 from cache_models.block_stream import BlockStream, block_stream, block_streams
 from cache_models.config import SglangConfig, VllmConfig
-from cache_models.prefix_trie import PrefixTrie
+from cache_models.prefix_trie import PrefixTrie, TrieNodes
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.stack_distance import hit_blocks, hit_thresholds
 from cache_models.vllm_apc import VllmPrefixCache
@@ -52,6 +53,48 @@ def test_block_items_name_namespace_and_prefix() -> None:
     assert blocks[2][0] == blocks[0][0] and blocks[2][1] != blocks[0][1]
     assert not set(blocks[3]) & set(blocks[0])  # another namespace shares nothing
     assert stream.lookup.tolist() == [2, 2, 2, 2]
+
+
+def token_by_token_items(trie: TrieNodes, workload: Workload, block: int, cached: np.ndarray):
+    """The stream's items by their definition, walking the trie one token at a time."""
+    children = {
+        (0, int(trie.namespace[n]))
+        if trie.parent[n] == 0
+        else (int(trie.parent[n]), int(trie.store[trie.start[n]])): n
+        for n in range(1, trie.n_nodes)
+        if trie.parent[n] == 0 or trie.length[n] > 0
+    }
+    items, unique = [], len(trie.store)
+    for r in range(workload.n_requests):
+        tokens = np.r_[workload.prompt(r), workload.output(r)][: int(cached[r])].tolist()
+        node, pos = children.get((0, int(workload.namespace[r])), -1), 0
+        for i, token in enumerate(tokens):
+            if node >= 0 and pos == trie.length[node]:
+                node, pos = children.get((node, token), -1), 0
+            if node >= 0 and (token < 0 or trie.store[trie.start[node] + pos] != token):
+                node = -1
+            pos += 1
+            if (i + 1) % block == 0:
+                items.append(trie.start[node] + pos - 1 if node >= 0 else unique)
+                unique += node < 0
+    return items, unique
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block", [1, 3, 16])
+def test_block_items_are_the_token_walks(seed: int, block: int) -> None:
+    workload = to_workload(random_workload(seed, n_requests=120, vocab=5))
+    rng = np.random.default_rng(seed)
+    unknown = rng.random(len(workload.output_tokens)) < 0.1  # unknown answer tokens
+    outputs = np.where(unknown, -1 - np.arange(len(unknown)), workload.output_tokens)
+    workload = replace(workload, output_tokens=outputs.astype(workload.output_tokens.dtype))
+    trie = PrefixTrie()
+    trie.replay(workload)
+    total = workload.prompt_lengths + workload.output_lengths
+    for cached in (total, total - 1, rng.integers(0, total + 1)):
+        stream = block_stream(trie.nodes, workload, block, cached)
+        items, unique = token_by_token_items(trie.nodes, workload, block, cached)
+        assert stream.items.tolist() == items and stream.n_items == unique
 
 
 def test_unknown_outputs_get_blocks_of_their_own() -> None:

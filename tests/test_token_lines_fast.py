@@ -11,6 +11,7 @@ import pytest
 
 from analyzer.loaders import FORMATS, load_logs, token_ids
 from analyzer.loaders.id_lists import parse_id_lists
+from analyzer.loaders.token_lines import parse_lines
 
 LINES = [
     b'{"prompt_token_ids": [1, 2, 3], "output_token_ids": [4, 5], "finish_reason": "stop"}',
@@ -85,3 +86,44 @@ def test_id_lists_take_only_plain_lists() -> None:
     rows = [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(lists))]
     assert rows[:3] == [[1, 2, 3], [0, 2**31 - 1], []] and rows[-1] == [7, 8]
     assert all(not row for row in rows[3:-1])
+
+
+VARIANTS = [  # the compiled reader's edges: taken (True) or left to the typed decode
+    (b'{"prompt_token_ids": [5, 6], "output_token_ids": null}', True),
+    (b' { "model" : "m-1" , "prompt_token_ids" :[5], "output_token_ids":[7] } \r\n', True),
+    (b'{"output_token_ids": [], "prompt_token_ids": [5], "lora": "", "finish_reason": ""}', True),
+    (b'{"prompt_token_ids": [5], "finish_reason": null, "cache_salt": "s"}', True),
+    (b'{"prompt_token_ids": [5], "finish_reason": "st\\"op"}', False),
+    (b'{"prompt_token_ids": [5], "model": "\xc3\xa9"}', False),
+    (b'{"prompt_token_ids": [5], "model": "a\tb"}', False),
+    (b'{"prompt_token_ids": [5], "model": nul}', False),
+    (b'{"prompt_token_ids": [5], "model": nullx}', False),
+    (b'{"prompt_token_ids": [5], "mode\\u006c": "m"}', False),
+    (b'{"prompt_token_ids": [5]} x', False),
+    (b'{"prompt_token_ids": [5],}', False),
+    (b'{"prompt_token_ids": [5] "model": "m"}', False),
+    (b'{"prompt_token_ids": [5], "model": "m"', False),
+    (b'{"prompt_token_ids": [5], "model": "m", "model": "n"}', False),
+    (b'{"prompt_token_ids": [5], "output_token_ids": [1], "output_token_ids": null}', False),
+    (b'{"prompt_token_ids": [5], "extra": {}}', False),
+    (b"{}", False),
+    (b'{"model": "m"}', False),
+]
+
+
+def test_compiled_reader_takes_only_the_plainest_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [line for line, _ in VARIANTS]
+    _, _, taken = parse_lines(lines, 1 << 24)
+    assert taken.tolist() == [plain for _, plain in VARIANTS]
+    path = tmp_path / "v.jsonl"
+    path.write_bytes(b"\n".join(line.rstrip(b"\r\n") for line in lines) + b"\n")
+    fast, ordinary = _read(path, monkeypatch, True), _read(path, monkeypatch, False)
+    assert fast == ordinary
+    records, _ = fast
+    assert records[1]["model"] == "m-1" and records[1]["output_token_ids"] == [7]
+    assert records[2]["lora"] is None and records[2]["finish_reason"] == ""
+    assert records[4]["finish_reason"] == 'st"op' and records[5]["model"] == "é"
+    _, _, taken = parse_lines([b'{"prompt_token_ids": [1, 2, 3]}'], 2)  # over the maximum
+    assert not taken[0]

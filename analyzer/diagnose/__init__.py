@@ -271,7 +271,9 @@ def _renamed(trie: TrieNodes, old: np.ndarray, new: np.ndarray) -> TrieNodes | N
     same requests share a namespace under either): then it is, node for node, the trie of the
     renamed workload (nodes are made in request order, whatever their namespace ids), and its
     hits are the same. None when the renaming merges or splits namespaces."""
-    pairs = np.unique(np.stack([old.astype(np.int64), new.astype(np.int64)]), axis=1)
+    span = int(new.max(initial=0)) + 1  # each (old, new) pair as one int: ids are >= 0
+    keys = np.unique(old.astype(np.int64) * span + new.astype(np.int64))
+    pairs = np.stack([keys // span, keys % span])
     if not (len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]):
         return None
     lookup = np.zeros(int(pairs[0].max(initial=0)) + 1, np.int64)

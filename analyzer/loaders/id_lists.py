@@ -64,7 +64,7 @@ def _space(byte: int) -> bool:
 
 
 @njit(cache=True)
-def _skip(buffer: np.ndarray, at: int, end: int) -> int:
+def skip_space(buffer: np.ndarray, at: int, end: int) -> int:
     while at < end and _space(buffer[at]):
         at += 1
     return at
@@ -73,12 +73,21 @@ def _skip(buffer: np.ndarray, at: int, end: int) -> int:
 @njit(cache=True)
 def _one(buffer: np.ndarray, at: int, end: int, ids: np.ndarray, size: int) -> int:
     """Append one list's ids at ``ids[size:]``; the new size, or -1 when it is not plain."""
-    at = _skip(buffer, at, end)
-    if at >= end or buffer[at] != 91:  # [
+    at, size = plain_list(buffer, skip_space(buffer, at, end), end, ids, size)
+    if at < 0 or skip_space(buffer, at, end) != end:
         return -1
-    at = _skip(buffer, at + 1, end)
+    return size
+
+
+@njit(cache=True)
+def plain_list(buffer: np.ndarray, at: int, end: int, ids: np.ndarray, size: int) -> tuple:
+    """The plain id list that starts at ``buffer[at]`` appended at ``ids[size:]``: the position
+    just past its ``]`` and the new size, or ``(-1, size)`` when it is not plain."""
+    if at >= end or buffer[at] != 91:  # [
+        return -1, size
+    at = skip_space(buffer, at + 1, end)
     if at < end and buffer[at] == 93:  # ]: an empty list
-        return size if _skip(buffer, at + 1, end) == end else -1
+        return at + 1, size
     while True:
         value, digits = 0, 0
         while at < end and 48 <= buffer[at] <= 57 and digits <= _MAX_DIGITS:
@@ -86,16 +95,16 @@ def _one(buffer: np.ndarray, at: int, end: int, ids: np.ndarray, size: int) -> i
             digits += 1
             at += 1
         if digits == 0 or digits > _MAX_DIGITS or value > _MAX_ID:
-            return -1
+            return -1, size
         if digits > 1 and buffer[at - digits] == 48:  # a leading zero: not JSON
-            return -1
+            return -1, size
         ids[size] = value
         size += 1
-        at = _skip(buffer, at, end)
+        at = skip_space(buffer, at, end)
         if at >= end:
-            return -1
+            return -1, size
         if buffer[at] == 93:  # ]
-            return size if _skip(buffer, at + 1, end) == end else -1
+            return at + 1, size
         if buffer[at] != 44:  # ,
-            return -1
-        at = _skip(buffer, at + 1, end)
+            return -1, size
+        at = skip_space(buffer, at + 1, end)

@@ -18,6 +18,7 @@ from analyzer.errors import BadLine
 from analyzer.loaders.fields import cache_fields, int_list, optional_number, optional_str
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
 from analyzer.loaders.id_lists import decoded_lines, parse_id_lists
+from analyzer.loaders.token_lines import parse_lines
 from analyzer.records import Record
 
 
@@ -65,7 +66,36 @@ _decode_plain = msgspec.json.Decoder(_PlainLine).decode
 def plain_records(file: str, lines: Sequence[tuple[int, Any]]) -> list[Record | None]:
     """The Record of each plain line, exactly as ``parse`` reads it; None for every other line
     (not bytes, not one JSON object of these fields, a list that is not plain ids, a prompt
-    without tokens or too long, a time out of range): those are for ``parse``."""
+    without tokens or too long, a time out of range): those are for ``parse``. The plainest
+    lines are read whole in compiled code (``token_lines``), the others by a typed decode."""
+    raws = [raw if isinstance(raw, bytes) else b"" for _, raw in lines]
+    ids, rows, taken = parse_lines(raws, MAX_REQUEST_TOKENS)
+    records: list[Record | None] = [None] * len(lines)
+    rest: list[int] = []
+    for i, (row, take) in enumerate(zip(rows.tolist(), taken.tolist(), strict=True)):
+        if not take:
+            rest.append(i)
+            continue
+        raw = raws[i]
+        p0, p1, o0, o1, f0, f1, s0, s1, l0, l1, m0, m1 = row
+        records[i] = Record(
+            file=file,
+            line=lines[i][0],
+            prompt_token_ids=ids[p0:p1],
+            output_token_ids=ids[o0:o1] if o1 > o0 else None,
+            finish_reason=None if f0 < 0 else raw[f0:f1].decode(),
+            cache_salt=raw[s0:s1].decode() or None if s0 >= 0 else None,
+            lora=raw[l0:l1].decode() or None if l0 >= 0 else None,
+            model=None if m0 < 0 else raw[m0:m1].decode(),
+        )
+    if rest:
+        for i, record in zip(rest, _decoded_records(file, [lines[i] for i in rest]), strict=True):
+            records[i] = record
+    return records
+
+
+def _decoded_records(file: str, lines: Sequence[tuple[int, Any]]) -> list[Record | None]:
+    """``plain_records`` of the lines the compiled reader did not take, by a typed decode."""
     decoded = decoded_lines(lines, _decode_plain)
     lists: list[msgspec.Raw] = []
     for item in decoded:
