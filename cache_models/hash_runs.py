@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+from numba import njit
 
 from cache_models.runs import RUN_STEP, TOKEN_MASK, RunWorkload
 from cache_models.workload import Workload, offsets_of
@@ -243,62 +244,124 @@ def run_workload(
     """``trace``'s requests as runs of ``table`` (built from a trace holding them all), and the
     next unknown id. Tokens past the ids (an answer of unknown text) are unknown entries, cut at
     ``L + n - 1``."""
-    request, _, covered = _occurrences(trace)
-    size = table.block_size
-    # The table rows of each occurrence: its id's runs that start before what it covers.
+    blocks_known = -(-trace.known_lengths // trace.block_size)
+    if (np.diff(trace.id_offsets) > blocks_known).any():
+        raise ValueError("a request has more ids than its known tokens fill")
     codes = _codes(table.id_values, trace.ids)
-    scale = size + 1
-    # An id's runs are consecutive rows of the table: the first at run_start[code]; an occurrence
-    # that covers its whole block takes all of them, one that ends inside it those before its end.
+    scale = table.block_size + 1
+    # An id's runs are consecutive rows of the table, the first at run_start[code].
     run_start = offsets_of(np.bincount(table.keys // scale, minlength=len(table.id_values)))
-    lo, hi = run_start[codes], run_start[codes + 1]
-    partial = np.flatnonzero(covered < size)
-    hi[partial] = np.searchsorted(table.keys, codes[partial] * scale + covered[partial])
-    n_runs = hi - lo
-    run_owner = np.repeat(np.arange(len(lo)), n_runs)
-    first_of = offsets_of(n_runs)
-    known_runs = lo[run_owner] + (np.arange(first_of[-1]) - first_of[:-1][run_owner])
-    known_request = request[run_owner]
-    known_weights = table.lengths[known_runs]
-    # Unknown tails: [known, L + n), cut at L + n - 1.
-    prompt, answer, known = trace.prompt_lengths, trace.output_lengths, trace.known_lengths
-    end = prompt + answer
-    tail = np.maximum(0, end - known)
-    first_part = np.where(end - 1 > known, end - 1 - known, tail)
-    second_part = tail - first_part
-    unknown_weights = np.stack([first_part, second_part], axis=1).ravel()
-    unknown_request = np.repeat(np.arange(trace.n_requests, dtype=np.int64), 2)
-    keep = unknown_weights > 0
-    unknown_weights, unknown_request = unknown_weights[keep], unknown_request[keep]
-    n_unknown = len(unknown_weights)
-    unknown_ids = next_unknown - np.arange(n_unknown, dtype=np.int64)
-    # Each request's known runs, then its unknown entries.
-    entry_request = np.concatenate([known_request, unknown_request])
-    order = np.argsort(entry_request, kind="stable")
-    entry_ids = np.concatenate([known_runs, unknown_ids])[order]
-    weights = np.concatenate([known_weights, unknown_weights])[order]
-    entry_request = entry_request[order]
-    per_request = np.bincount(entry_request, minlength=trace.n_requests)
-    request_start = offsets_of(per_request)
-    positions = offsets_of(weights)[:-1]
-    position_in_request = positions - offsets_of(weights)[request_start[:-1]][entry_request]
-    in_prompt = position_in_request < prompt[entry_request]
-    prompt_counts = np.bincount(entry_request[in_prompt], minlength=trace.n_requests)
-    output_counts = per_request - prompt_counts
+    args = (
+        codes,
+        np.asarray(trace.id_offsets, np.int64),
+        table.block_size,
+        np.asarray(trace.prompt_lengths, np.int64),
+        np.asarray(trace.output_lengths, np.int64),
+        np.asarray(trace.known_lengths, np.int64),
+        run_start,
+        np.asarray(table.lengths, np.int64),
+        table.keys,
+        next_unknown,
+    )
+    n = trace.n_requests
+    counts = np.zeros((2, n), np.int64)  # prompt and answer entries of each request
+    none32, none64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
+    _entries(*args, counts, none32, none32, none64, none32, none32, none64)
+    prompt_offsets, output_offsets = offsets_of(counts[0]), offsets_of(counts[1])
+    prompt_ids = np.empty(int(prompt_offsets[-1]), np.int32)
+    prompt_weights = np.empty(int(prompt_offsets[-1]), np.int32)
+    output_ids = np.empty(int(output_offsets[-1]), np.int32)
+    output_weights = np.empty(int(output_offsets[-1]), np.int32)
+    after = _entries(
+        *args,
+        counts,
+        prompt_ids,
+        prompt_weights,
+        prompt_offsets,
+        output_ids,
+        output_weights,
+        output_offsets,
+    )
     runs = Workload(
-        prompt_tokens=entry_ids[in_prompt].astype(np.int32),
-        prompt_offsets=offsets_of(prompt_counts),
-        output_tokens=entry_ids[~in_prompt].astype(np.int32),
-        output_offsets=offsets_of(output_counts),
+        prompt_tokens=prompt_ids,
+        prompt_offsets=prompt_offsets,
+        output_tokens=output_ids,
+        output_offsets=output_offsets,
         namespace=np.asarray(trace.namespace, np.int32),
         stop_finish=np.asarray(trace.stop_finish, bool),
         arrival_s=trace.arrival_s,
     )
     workload = RunWorkload(
-        runs,
-        weights[in_prompt].astype(np.int32),
-        weights[~in_prompt].astype(np.int32),
-        table.first_tokens,
-        table.distinct_tokens,
+        runs, prompt_weights, output_weights, table.first_tokens, table.distinct_tokens
     )
-    return workload, next_unknown - n_unknown
+    return workload, int(after)
+
+
+@njit(cache=True)
+def _entries(
+    codes,
+    id_offsets,
+    size,
+    prompt,
+    answer,
+    known,
+    run_start,
+    lengths,
+    keys,
+    next_unknown,
+    counts,
+    prompt_ids,
+    prompt_weights,
+    prompt_offsets,
+    output_ids,
+    output_weights,
+    output_offsets,
+):
+    """Each request's entries in order: the runs of each id occurrence that start before what it
+    covers of its block, then the unknown tail ``[known, L + n)`` cut at ``L + n - 1`` (ids from
+    ``next_unknown`` down); an entry starting before ``L`` is the prompt's. Counts them into
+    ``counts`` when the output arrays are empty, else writes them. Returns the next unknown id."""
+    fill = len(prompt_offsets) > 0
+    scale = size + 1
+    for r in range(len(prompt)):
+        pos = 0
+        np_, no = 0, 0  # entries of the prompt and of the answer so far
+        for j in range(id_offsets[r], id_offsets[r + 1]):
+            covered = min(size, known[r] - (j - id_offsets[r]) * size)
+            code = codes[j]
+            lo, hi = run_start[code], run_start[code + 1]
+            if covered < size:  # the runs that start before the occurrence's end
+                hi = lo + np.searchsorted(keys[lo:hi], code * scale + covered)
+            for k in range(lo, hi):
+                if pos < prompt[r]:
+                    if fill:
+                        prompt_ids[prompt_offsets[r] + np_] = k
+                        prompt_weights[prompt_offsets[r] + np_] = lengths[k]
+                    np_ += 1
+                else:
+                    if fill:
+                        output_ids[output_offsets[r] + no] = k
+                        output_weights[output_offsets[r] + no] = lengths[k]
+                    no += 1
+                pos += lengths[k]
+        end = prompt[r] + answer[r]
+        tail = max(0, end - known[r])
+        first = end - 1 - known[r] if end - 1 > known[r] else tail
+        for weight in (first, tail - first):
+            if weight <= 0:
+                continue
+            if pos < prompt[r]:
+                if fill:
+                    prompt_ids[prompt_offsets[r] + np_] = next_unknown
+                    prompt_weights[prompt_offsets[r] + np_] = weight
+                np_ += 1
+            else:
+                if fill:
+                    output_ids[output_offsets[r] + no] = next_unknown
+                    output_weights[output_offsets[r] + no] = weight
+                no += 1
+            pos += weight
+            next_unknown -= 1
+        counts[0, r] = np_
+        counts[1, r] = no
+    return next_unknown
