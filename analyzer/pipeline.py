@@ -142,11 +142,13 @@ def _analyzed(
         )
     if not options.diagnose:
         return report(log, replayed, None, options, fleet_run)
+    runs = replayed.sample.workload
     replayed = _with_token_sample(replayed)
     if fleet_run is None and not options.settings.sequential and replayed.order is None:
         # replayed whole in memory for its mode: diagnosed on its leading sample all the same
         replayed = _leading_sample(replayed, options.sample_tokens)
-    diagnosed = diagnose(log, replayed, options, progress, fleet_run)
+    runs_sample = runs if isinstance(runs, RunWorkload) else None
+    diagnosed = diagnose(log, replayed, options, progress, fleet_run, runs_sample)
     return report(log, replayed, diagnosed, options, fleet_run)
 
 
@@ -276,9 +278,11 @@ def diagnose(
     options: AnalyzeOptions,
     progress: Progress,
     fleet_run: FleetRun | None = None,
+    runs: RunWorkload | None = None,
 ) -> DiagnoseResult:
     """Losses by cause, dynamic content, curves and measured fixes of the (sample of the) log;
-    for a fleet, of one instance with its total capacity, then the routing cause."""
+    for a fleet, of one instance with its total capacity, then the routing cause. ``runs``: the
+    sample as runs, when a hash trace was replayed as runs (what reads runs reads it)."""
     tokenizer, loaded = log.reader.tokenizer, log.reader.loaded
     shape = preset(options.model_preset)
     sample_replays, settings, fleet_hits = replayed.sample_replays, options.settings, None
@@ -302,6 +306,7 @@ def diagnose(
         kv=KvShape(shape.name, shape.kv_bytes_per_token(KV_DTYPE_BYTES)),
         fleet_hits=fleet_hits,
         check_curves=options.check_curves,
+        runs=runs,
     )
 
 

@@ -32,6 +32,9 @@ MAX_TEMPLATE_CHARS = 32 << 20  # 32M characters, about 8M tokens: over any model
 MAX_POWER_BITS = 4096  # ``a ** b`` with a result of more bits is refused
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # ``message.items`` is the method, not a key
+
+
 class TemplateLimit(jinja2.exceptions.TemplateError):
     """A render over its time or size bound."""
 
@@ -122,6 +125,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         _check_time()
+        if operator == "+" and type(left) is str and type(right) is str:  # the common case
+            if len(left) + len(right) > MAX_TEMPLATE_CHARS:
+                raise TemplateLimit(f"chat template made a value over {MAX_TEMPLATE_CHARS:,} long")
+            return left + right
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
                 if (
@@ -146,6 +153,13 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _check_time()
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            # What jinja2's sandbox gives, without its failed attribute lookup first (a dict has
+            # no such attribute): the item, else undefined.
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:

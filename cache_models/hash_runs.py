@@ -26,6 +26,9 @@ from cache_models.workload import Workload, offsets_of
 ID_FACTOR = 0x9E3779B1  # odd: h -> h * ID_FACTOR mod 2^31 is one-to-one
 
 
+DENSE_FACTOR = 16  # values within 16 times their number: unique by a table, not a sort
+
+
 @dataclass(frozen=True)
 class HashTrace:
     """Requests of a hash-id trace as columns: each request's ids back to back (its prompt's,
@@ -130,7 +133,7 @@ def trace_runs(
     while chunk > 0:
         runs = run_workload(trace, table, next_unknown)
         more_ids, more_offsets = _chunk_cuts(trace, runs[0], chunk)
-        codes = np.searchsorted(table.id_values, more_ids)
+        codes = _codes(table.id_values, more_ids)
         known = np.isin(codes * (trace.block_size + 1) + more_offsets, table.keys)
         if known.all():
             break
@@ -185,8 +188,9 @@ def _chunk_cuts(trace: HashTrace, runs: RunWorkload, chunk: int) -> tuple[np.nda
 
 def _table(ids: np.ndarray, offsets: np.ndarray, size: int) -> RunTable:
     """The runs of the distinct (id, offset) cuts, sorted by id then offset."""
-    id_values, codes = np.unique(ids, return_inverse=True)
-    keys = np.unique(codes.astype(np.int64) * (size + 1) + offsets)  # one int64 sort
+    id_values, codes = _unique(ids)
+    assert codes is not None
+    keys, _ = _unique(codes * (size + 1) + offsets, inverse=False)
     codes, offsets = keys // (size + 1), keys % (size + 1)
     ids = id_values[codes]
     same_next = np.append(codes[1:] == codes[:-1], False)
@@ -194,6 +198,43 @@ def _table(ids: np.ndarray, offsets: np.ndarray, size: int) -> RunTable:
     return RunTable(
         ids, offsets, ends_at - offsets, first_token(ids, offsets), size, id_values, keys
     )
+
+
+def _unique(values: np.ndarray, inverse: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """``np.unique(values, return_inverse=inverse)`` of int64 values; by a table of presence
+    when they lie in a range a few times their number (hash ids are counted from 0: no sort).
+    The table takes at most 16 bytes per value (a bool per value in range; with the inverse,
+    an int64 per value in a range four times smaller)."""
+    values = np.asarray(values, np.int64)
+    factor = DENSE_FACTOR // 4 if inverse else DENSE_FACTOR
+    if len(values) and values.min() >= 0 and values.max() < factor * len(values) + 1024:
+        present = np.zeros(int(values.max()) + 1, np.bool_)
+        present[values] = True
+        unique = np.flatnonzero(present).astype(np.int64)
+        if not inverse:
+            return unique, None
+        return unique, (np.cumsum(present, dtype=np.int64) - 1)[values]
+    if not inverse:
+        return np.unique(values), None
+    unique, codes = np.unique(values, return_inverse=True)
+    return unique, codes.astype(np.int64).reshape(-1)
+
+
+def _codes(id_values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Each id's index in the sorted ``id_values``; an error for an id not among them."""
+    ids = np.asarray(ids, np.int64)
+    n = len(id_values)
+    if n and id_values[0] >= 0 and id_values[-1] < DENSE_FACTOR // 4 * n + 1024:
+        code_of = np.full(int(id_values[-1]) + 2, -1, np.int64)  # the last: every id above
+        code_of[id_values] = np.arange(n)
+        codes = code_of[np.clip(ids, 0, len(code_of) - 1)]
+        if len(ids) and ((codes < 0) | (ids < 0)).any():
+            raise ValueError("an id of the trace is not in the run table")
+        return codes
+    codes = np.searchsorted(id_values, ids)
+    if len(codes) and (codes.max() >= n or (id_values[codes] != ids).any()):
+        raise ValueError("an id of the trace is not in the run table")
+    return codes
 
 
 def run_workload(
@@ -205,14 +246,14 @@ def run_workload(
     request, _, covered = _occurrences(trace)
     size = table.block_size
     # The table rows of each occurrence: its id's runs that start before what it covers.
-    codes = np.searchsorted(table.id_values, trace.ids)
-    if len(codes) and (
-        codes.max() >= len(table.id_values) or (table.id_values[codes] != trace.ids).any()
-    ):
-        raise ValueError("an id of the trace is not in the run table")
+    codes = _codes(table.id_values, trace.ids)
     scale = size + 1
-    lo = np.searchsorted(table.keys, codes * scale)
-    hi = np.searchsorted(table.keys, codes * scale + covered)
+    # An id's runs are consecutive rows of the table: the first at run_start[code]; an occurrence
+    # that covers its whole block takes all of them, one that ends inside it those before its end.
+    run_start = offsets_of(np.bincount(table.keys // scale, minlength=len(table.id_values)))
+    lo, hi = run_start[codes], run_start[codes + 1]
+    partial = np.flatnonzero(covered < size)
+    hi[partial] = np.searchsorted(table.keys, codes[partial] * scale + covered[partial])
     n_runs = hi - lo
     run_owner = np.repeat(np.arange(len(lo)), n_runs)
     first_of = offsets_of(n_runs)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import analyzer.pipeline as pipeline
+import cache_models.hash_runs as hash_runs
 from analyzer.ingest import IngestOptions
 from analyzer.loaders.hash_trace import expand_hash_ids
 from analyzer.pipeline import AnalyzeOptions, analyze
@@ -141,6 +142,26 @@ def test_trace_runs_is_the_table_and_the_trace_read_under_it(chunk: int) -> None
         assert np.array_equal(getattr(runs.runs, column), getattr(expected.runs, column))
     assert np.array_equal(runs.prompt_weights, expected.prompt_weights)
     assert np.array_equal(runs.output_weights, expected.output_weights)
+
+
+@pytest.mark.parametrize("spread", [1, 3, 40, 10**9])
+def test_ids_are_numbered_as_numpy_numbers_them(spread: int) -> None:
+    """The run table numbers ids by a table of presence when they are dense, by a sort when
+    not: numpy's unique values and inverse either way, and unknown ids refused."""
+    rng = np.random.default_rng(spread)
+    values = rng.integers(0, spread * 500, 2000)
+    for inverse in (True, False):
+        unique, codes = hash_runs._unique(values, inverse)
+        expected, expected_codes = np.unique(values, return_inverse=True)
+        assert np.array_equal(unique, expected)
+        assert codes is None if not inverse else np.array_equal(codes, expected_codes)
+    queries = rng.choice(expected, 300)
+    assert np.array_equal(hash_runs._codes(expected, queries), np.searchsorted(expected, queries))
+    gaps = np.flatnonzero(np.diff(expected) > 1)[:3]
+    missing = [-1, int(expected[-1]) + 1, *(int(expected[g]) + 1 for g in gaps)]
+    for absent in missing:
+        with pytest.raises(ValueError, match="not in the run table"):
+            hash_runs._codes(expected, np.r_[queries, absent])
 
 
 def _trace_file(path: Path, rng: np.random.Generator) -> Path:

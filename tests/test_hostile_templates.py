@@ -94,3 +94,27 @@ def test_ordinary_templates_still_render() -> None:
     assert text.count("<|im_start|>user\nhello<|im_end|>") == 200
     looped = ChatRenderer("{% for i in range(3) %}{{ i }}{% endfor %}{{ 'ab' * 3 }}", SPECIAL)
     assert looped.render(MESSAGES) == "012ababab"
+
+
+def test_the_bounded_sandbox_reads_and_joins_as_jinjas_own() -> None:
+    """The sandbox's quick paths (a dict's item read as an attribute, str + str) give what
+    jinja2's immutable sandbox gives: a dict's methods win over its keys, a missing key is
+    undefined, and the other operands take jinja2's own path."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from analyzer.sandbox import BoundedSandbox
+
+    source = (
+        "{% for m in messages %}{{ m.role + ':' + m.content }}|{{ m.items is callable }}|"
+        "{{ m.get('role') }}|{{ m.missing is defined }}|{{ m.missing | default('none') }}|"
+        "{{ m.role + 1 if m.role is number else m.role * 2 }}|{{ m.count + 1 }}|"
+        "{{ [1] + [2] }}|{{ (m.content ~ '!') + '?' }}\n{% endfor %}"
+    )
+    messages = [
+        {"role": "user", "content": "hello", "items": "a key", "count": 3},
+        {"role": "assistant", "content": "hi", "get": "shadowed", "count": -1},
+    ]
+    ours = BoundedSandbox().from_string(source).render(messages=messages)
+    theirs = ImmutableSandboxedEnvironment().from_string(source).render(messages=messages)
+    assert ours == theirs
+    assert "user:hello|True|user|False|none|useruser|4|[1, 2]|hello!?" in ours

@@ -29,6 +29,7 @@ from analyzer.progress import NoProgress, Progress
 from analyzer.replay import Replays, ReplaySettings
 from analyzer.tokenizer import Tokenizer
 from cache_models.prefix_trie import PrefixTrie, TrieNodes
+from cache_models.runs import RunWorkload
 from cache_models.trie_walk import nodes_on_paths
 from cache_models.workload import Workload
 
@@ -56,6 +57,7 @@ class DiagnoseInput:
     kv: KvShape | None = None  # the model shape capacity advice also gives bytes for
     check_curves: bool = False  # replay LRU at a few capacities to check the curves
     fleet_hits: dict[str, np.ndarray] | None = None  # fleet replays: hits on the chosen replicas
+    runs: RunWorkload | None = None  # the workload as runs (a hash trace replayed as runs)
 
 
 @dataclass(frozen=True)
@@ -81,10 +83,12 @@ def diagnose_log(
     kv: KvShape | None = None,
     fleet_hits: dict[str, np.ndarray] | None = None,
     check_curves: bool = False,
+    runs: RunWorkload | None = None,
 ) -> DiagnoseResult:
     """``diagnose`` for the pipeline: the workload, replays and request table in input order,
     replayed in ``order`` (None: as they are); per-request losses come back in input order.
-    ``parts`` gives the requests as read, to reorder their message parts."""
+    ``parts`` gives the requests as read, to reorder their message parts; ``runs``, the workload
+    as runs (a hash trace's), which the passes that read runs take instead."""
     reordered = None if parts is None else parts.reordered(workload.n_requests)
     models = requests["model"].fill_null("").to_numpy().astype(str)
     salt_free = requests.select(
@@ -107,6 +111,8 @@ def diagnose_log(
             fleet_hits = {engine: hits[order] for engine, hits in fleet_hits.items()}
         if reordered is not None:
             reordered = replace(reordered, workload=reordered.workload.select(order))
+        if runs is not None:
+            runs = runs.select(order)
     inputs = DiagnoseInput(
         workload=workload,
         replays=replays,
@@ -120,6 +126,7 @@ def diagnose_log(
         kv=kv,
         check_curves=check_curves,
         fleet_hits=fleet_hits,
+        runs=runs,
     )
     result = diagnose(inputs, progress)
     if order is None:
@@ -186,7 +193,7 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
     curves, belady = capacity_curves(
         replays.trie, workload, settings, inputs.servers, check=inputs.check_curves
     )
-    sweep = size_sweep(workload, settings, hits, inputs.servers, replays.views)
+    sweep = size_sweep(workload, settings, hits, inputs.servers, inputs.runs, replays.views)
     totals = {e: losses[e].totals() for e in losses}
     evidence = Evidence(
         hits=hits,

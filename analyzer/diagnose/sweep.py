@@ -9,6 +9,7 @@ import numpy as np
 from analyzer.diagnose.scenarios import Scenario, replay_many
 from analyzer.replay import ReplaySettings
 from cache_models.prefix_trie import View
+from cache_models.runs import RunWorkload
 from cache_models.workload import Workload
 
 SIZES = (1, 4, 8, 16, 32, 64, 128)
@@ -38,12 +39,17 @@ def size_sweep(
     settings: ReplaySettings,
     known: dict[str, np.ndarray],
     servers: np.ndarray | None,
+    runs: RunWorkload | None = None,
     views: dict[View, np.ndarray] | None = None,
 ) -> dict[str, list[SweepPoint]]:
     """vLLM at every block size and SGLang at every page size of ``SIZES`` (capacity permitting);
     ``known`` holds the hits already replayed at the configured sizes, ``views`` those of the
-    sweep's views (``sweep_views``) that the replay's trie gave (one server's log only)."""
+    sweep's views (``sweep_views``) that the replay's trie gave (one server's log only).
+    Unbounded and sequential, every other point is one pass of the prefix trie, which reads
+    ``runs`` (the workload as runs, when given) as it reads the tokens, only faster."""
     capacity = settings.capacity_tokens
+    if runs is not None and capacity is None and settings.sequential:
+        workload = runs  # type: ignore[assignment]  # the trie's replays read either
     sizes = [s for s in SIZES if capacity is None or s <= capacity]
     jobs = {
         ("vllm", s): Scenario(workload, replace(settings, block_size=s), ("vllm",), servers)
