@@ -63,7 +63,7 @@ def test_sweep_read_off_the_replays_trie_is_the_sweeps_own(seed: int) -> None:
     assert set(replays.views) == set(views) and len(views) == 2 * (len(SIZES) - 1)
     hits = {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens}
     own = size_sweep(workload, settings, hits, None)
-    assert size_sweep(workload, settings, hits, None, replays.views) == own
+    assert size_sweep(workload, settings, hits, None, views=replays.views) == own
     sizes = {p.size: p.hit_tokens for p in own["vllm"]}
     assert len(set(sizes.values())) > 2  # sizes the read-off could mix up differ
     assert sweep_views(ReplaySettings(capacity_tokens=1000)) == ()
