@@ -28,16 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from bench_paths import MOONCAKE  # beside this script
 
 if TYPE_CHECKING:
     from cache_models.hash_runs import HashTrace
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = next(
-    (up / "shared" / "data" / "traces" for up in ROOT.parents if (up / "shared").is_dir()),
-    ROOT.parent / "shared" / "data" / "traces",
-)
-MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 REPLAYS = ("vllm16", "vllm512", "trie")
 TARGET_S = 0.2  # the run form's vLLM replay at 512-token blocks
 

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_paths import MOONCAKE  # beside this script
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -30,11 +32,6 @@ from cache_models.hash_runs import HashTrace, run_table, run_workload  # noqa: E
 from cache_models.runs import expand  # noqa: E402
 from cache_models.sglang_radix import SglangRadixCache  # noqa: E402
 
-TRACES = next(
-    (up / "shared" / "data" / "traces" for up in ROOT.parents if (up / "shared").is_dir()),
-    ROOT.parent / "shared" / "data" / "traces",
-)
-MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 TARGET_CPU_S = 0.1
 
 

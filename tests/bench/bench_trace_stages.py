@@ -24,13 +24,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_paths import MOONCAKE  # beside this script
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-TRACES = next(
-    (up / "shared" / "data" / "traces" for up in ROOT.parents if (up / "shared").is_dir()),
-    ROOT.parent / "shared" / "data" / "traces",
-)
-MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 
 
 def usage() -> tuple[float, float, int]:

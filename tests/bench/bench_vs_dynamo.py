@@ -44,14 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from bench_paths import MOONCAKE  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
-# ../shared beside the project (or beside a worktree's parent folder)
-TRACES = next(
-    (up / "shared" / "data" / "traces" for up in ROOT.parents if (up / "shared").is_dir()),
-    ROOT.parent / "shared" / "data" / "traces",
-)
-MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 PREFIXCHECK = [sys.executable, "-c", "from cli.entry import main; main()"]
 DYNAMO_SCRIPT = """
 import json, sys
