@@ -16,6 +16,7 @@ from analyzer.analysis import Analysis
 from analyzer.diagnose import DiagnoseResult, diagnose_log
 from analyzer.diagnose.parts import PartsSource
 from analyzer.diagnose.recommend import KvShape
+from analyzer.diagnose.sweep import sweep_views
 from analyzer.diagnose.what_if import WhatIfSpec
 from analyzer.fleet import FleetOptions
 from analyzer.fleet_fields import routing_fields, with_routing_fields
@@ -137,6 +138,7 @@ def _analyzed(
             sample_trie=options.diagnose,
             caches=None if executor is None else executor.caches(),
             trie=None if executor is None else executor.trie,
+            views=sweep_views(options.settings) if options.diagnose else (),
         )
     if not options.diagnose:
         return report(log, replayed, None, options, fleet_run)

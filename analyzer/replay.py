@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Protocol
 
@@ -17,8 +17,9 @@ from analyzer.progress import NoProgress, Progress
 from analyzer.settings import ReplaySettings
 from analyzer.token_cache import CacheStats
 from analyzer.workload import LogTable, TokenizedLog
-from cache_models.prefix_trie import PrefixTrie, TrieNodes
+from cache_models.prefix_trie import PrefixTrie, TrieNodes, View
 from cache_models.result import ReplayResult
+from cache_models.runs import RunWorkload
 from cache_models.workload import Workload
 
 
@@ -40,12 +41,25 @@ class Replays:
     sglang_page1: ReplayResult  # the same run when page_size is 1
     ideal: ReplayResult
     trie: TrieNodes
+    # Unbounded sequential hits of further views, read off the ceiling's trie as it was fed
+    # (``replay_all``'s ``views``: the size sweep's); empty when none was asked for.
+    views: dict[View, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, results: dict[str, ReplayResult], trie: TrieNodes) -> Replays:
+    def of(
+        cls,
+        results: dict[str, ReplayResult],
+        trie: TrieNodes,
+        views: dict[View, np.ndarray] | None = None,
+    ) -> Replays:
         sglang = results["sglang"]
         return cls(
-            results["vllm"], sglang, results.get("sglang_page1", sglang), results["ideal"], trie
+            results["vllm"],
+            sglang,
+            results.get("sglang_page1", sglang),
+            results["ideal"],
+            trie,
+            views or {},
         )
 
     def each(self) -> dict[str, ReplayResult]:
@@ -83,6 +97,7 @@ def replay_log(
     sample_trie: bool = True,
     caches: CacheFactory | None = None,
     trie: Callable[[], Trie] | None = None,
+    views: Sequence[View] = (),
 ) -> Replayed:
     """Replay ``sample`` and then every chunk of ``rest`` through one pool of caches and one
     prefix trie. Without a ``rest`` the log is whole: replayed in arrival order (sorted by
@@ -90,14 +105,16 @@ def replay_log(
     order it is read; ``namespace_labels()`` gives the whole stream's once it is read.
     ``sample_trie`` False: a streamed sample keeps the whole log's trie (nothing diagnoses it).
     ``trie`` makes a streamed log's prefix trie (an executor's, e.g. in a Ray actor; None:
-    here)."""
+    here). A whole log replayed in its own order also gives the hits of ``views``
+    (``replay_all``)."""
     following = next(rest, None)
     if following is None:
         check_arrivals(sample.workload, settings)
         order = arrival_order(sample.workload)
         models = model_labels(sample.requests["model"])
         if order is None:
-            replays = replay_all(sample.workload, settings, progress, models, router, caches)
+            own = () if isinstance(sample.workload, RunWorkload) else views  # runs: the sweep's own
+            replays = replay_all(sample.workload, settings, progress, models, router, caches, own)
         else:
             ordered = replay_all(
                 sample.workload.select(order), settings, progress, models[order], router, caches
@@ -128,16 +145,26 @@ def replay_all(
     models: np.ndarray | None = None,
     router: Router | None = None,
     caches: CacheFactory | None = None,
+    views: Sequence[View] = (),
 ) -> Replays:
     """One workload, in its order, through a fresh pool (each model on its own caches when
     ``models`` labels the requests; ``caches`` makes them, in this process by default) and a
-    fresh prefix trie."""
+    fresh prefix trie, which also gives the unbounded sequential hits of ``views``
+    (``Replays.views``) in the same pass."""
     progress = progress or NoProgress()
     pool = CachePool(settings, settings.engines, router, caches)
-    trie = PrefixTrie()
+    trie = PrefixTrie([View("ideal"), *views])
     tokens = workload.prompt_token_count
     progress.stage("replaying (tokens × caches)", (len(pool.engines) + 1) * tokens)
-    return Replays.of(replay_chunk(pool, trie, workload, models, progress.advance), trie.nodes)
+    results, fed = pool.feed(
+        workload, models, {"trie": lambda: trie.feed(workload)}, progress.advance
+    )
+    ideal, *more = fed["trie"]
+    return Replays.of(
+        results | {"ideal": ReplayResult("ideal", ideal)},
+        trie.nodes,
+        dict(zip(views, more, strict=True)),
+    )
 
 
 def joined_replays(chunks: list[dict[str, ReplayResult]], nodes: TrieNodes) -> Replays:

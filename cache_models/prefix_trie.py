@@ -145,7 +145,8 @@ class PrefixTrie:
         self._vllm = np.array([v.engine == "vllm" for v in self.views], np.bool_)
         self._children = empty_children()
         self._columns = np.zeros((1024, N_COLUMNS), np.int64)
-        self._best = np.zeros((1024, len(self.views)), np.int64)
+        # per node and view: the most a sequence through it keeps (tokens of one request: int32)
+        self._best = np.zeros((1024, len(self.views)), np.int32)
         self._store = np.zeros(1 << 16, np.int32)
         self._store_weights = np.zeros(0, np.int32)  # a trie fed runs: tokens per store entry
         self._first_tokens: np.ndarray | None = None  # a trie fed runs: its runs' first tokens

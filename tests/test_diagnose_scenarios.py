@@ -8,6 +8,7 @@ import pytest
 
 from analyzer.diagnose import scenarios as scenarios_module
 from analyzer.diagnose.scenarios import Gain, Scenario, replay_hits, replay_many
+from analyzer.diagnose.sweep import SIZES, size_sweep, sweep_views
 from analyzer.replay import ReplaySettings, replay_all
 from tests.golden.workloads import random_workload
 from tests.test_prefix_trie import to_workload
@@ -49,3 +50,20 @@ def test_padding_tokens_count_against_a_fix() -> None:
     )
     assert gain.recomputed_tokens_saved == -40
     assert gain.to_dict()["hit_rate_after"] == pytest.approx(560 / 1100)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sweep_read_off_the_replays_trie_is_the_sweeps_own(seed: int) -> None:
+    """The replay's trie, fed the sweep's views beside the ceiling, gives every size's hits as
+    the sweep's own replays do (and not the other engine's, nor another size's)."""
+    workload = to_workload(random_workload(seed, n_requests=150, vocab=5))
+    settings = ReplaySettings()
+    views = sweep_views(settings)
+    replays = replay_all(workload, settings, views=views)
+    assert set(replays.views) == set(views) and len(views) == 2 * (len(SIZES) - 1)
+    hits = {"vllm": replays.vllm.hit_tokens, "sglang": replays.sglang.hit_tokens}
+    own = size_sweep(workload, settings, hits, None)
+    assert size_sweep(workload, settings, hits, None, views=replays.views) == own
+    sizes = {p.size: p.hit_tokens for p in own["vllm"]}
+    assert len(set(sizes.values())) > 2  # sizes the read-off could mix up differ
+    assert sweep_views(ReplaySettings(capacity_tokens=1000)) == ()

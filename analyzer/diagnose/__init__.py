@@ -193,7 +193,7 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
     curves, belady = capacity_curves(
         replays.trie, workload, settings, inputs.servers, check=inputs.check_curves
     )
-    sweep = size_sweep(workload, settings, hits, inputs.servers, inputs.runs)
+    sweep = size_sweep(workload, settings, hits, inputs.servers, inputs.runs, replays.views)
     totals = {e: losses[e].totals() for e in losses}
     evidence = Evidence(
         hits=hits,

@@ -6,7 +6,7 @@ SGLang's token-granular matching would add."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,6 +26,7 @@ from analyzer.diagnose.plans import (
 from analyzer.diagnose.scenarios import Gain, gains, replay_many
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.engines import ENGINE_LABELS
+from analyzer.settings import ReplaySettings
 from analyzer.units import binary_bytes
 
 MIN_GAIN_SHARE = 0.002
@@ -90,19 +91,19 @@ def recommend(context: Context, evidence: Evidence) -> Advice:
     """The measured recommendations, largest saving first, and what padding each template does."""
     workload = context.workload
     floor = max(1.0, MIN_GAIN_SHARE * int(workload.prompt_offsets[-1]))
-    candidates = _candidate_plans(context, evidence)
-    results = replay_many(
-        [edit_scenario(plan, context, evidence.hits) for plan, _, _ in candidates]
-    )
     items = []
     padding_saves = {}
-    for (plan, describe, target), hits in zip(candidates, results, strict=True):
-        measured = gains(workload, evidence.hits, plan.workload, hits)
-        items.append(_item(plan.kind, describe, plan.details, measured, floor))
-        if target is not None:
-            padding_saves[target.tokens.tobytes()] = max(
-                gain.recomputed_tokens_saved for gain in measured.values()
-            )
+    for candidates in _batches(_candidate_plans(context, evidence), context.settings):
+        results = replay_many(
+            [edit_scenario(plan, context, evidence.hits) for plan, _, _ in candidates]
+        )
+        for (plan, describe, target), hits in zip(candidates, results, strict=True):
+            measured = gains(workload, evidence.hits, plan.workload, hits)
+            items.append(_item(plan.kind, describe, plan.details, measured, floor))
+            if target is not None:
+                padding_saves[target.tokens.tobytes()] = max(
+                    gain.recomputed_tokens_saved for gain in measured.values()
+                )
     items += _size_items(context, evidence, floor)
     kept = [item for item in items if item.engines]
     return Advice(sorted(kept, key=lambda item: -_best_saving(item)), padding_saves)
@@ -112,8 +113,20 @@ Describe = Callable[[dict[str, Gain]], str]
 Candidate = tuple[Plan, Describe, PadTarget | None]
 
 
-def _candidate_plans(context: Context, evidence: Evidence) -> list[Candidate]:
-    plans: list[Candidate] = []
+def _batches(
+    candidates: Iterator[Candidate], settings: ReplaySettings
+) -> Iterator[list[Candidate]]:
+    """The plans to replay together: one at a time when the replays are unbounded and sequential
+    (each is its own pass in this process, so only one changed copy of the log is held at a
+    time), else all at once (they run side by side in worker processes)."""
+    if settings.capacity_tokens is None and settings.sequential:
+        yield from ([candidate] for candidate in candidates)
+    else:
+        yield list(candidates)
+
+
+def _candidate_plans(context: Context, evidence: Evidence) -> Iterator[Candidate]:
+    """Each plan, made as it is asked for (a plan holds a changed copy of the log)."""
     block = context.settings.block_size
     for target in _pad_targets(context.pad_targets, block):
         pad = -target.length % block
@@ -122,7 +135,7 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[Candidate]:
             f"with {pad} tokens at token {target.insert_at} (to {target.length + pad}, a "
             f"multiple of {block})"
         )
-        plans.append((pad_plan(context, [target]), _describer(text), target))
+        yield (pad_plan(context, [target]), _describer(text), target)
     ranked = sorted(range(len(evidence.dynamic_sites)), key=lambda s: -_site_loss(evidence, s))
     for site in [s for s in ranked if _site_loss(evidence, s) > 0][:MAX_MOVES]:
         info = evidence.dynamic_sites[site]
@@ -131,7 +144,7 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[Candidate]:
             f"({info.requests:,} requests) after the {info.static_tokens_after}-token static "
             "part that follows it"
         )
-        plans.append((move_plan(context, [site]), _describer(text), None))
+        yield (move_plan(context, [site]), _describer(text), None)
     if context.reordered is not None:
         moved = context.reordered
         text = (
@@ -139,13 +152,13 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[Candidate]:
             f"their set's usual order) and put the system prompt first ({moved.system_moved:,} "
             "requests)"
         )
-        plans.append((reorder_plan(context), _describer(text), None))
+        yield (reorder_plan(context), _describer(text), None)
     if evidence.salt_loss > 0:
         text = (
             "Tenants that trust each other could share one cache_salt (a salt keeps every "
             "block of a tenant's prompts apart)"
         )
-        plans.append((salt_plan(context), _describer(text), None))
+        yield (salt_plan(context), _describer(text), None)
     capacity = context.settings.capacity_tokens
     if capacity is not None and evidence.eviction_loss > 0:
         target = max(c.needed.get(CAPACITY_TARGET, 0) for c in evidence.curves.values())
@@ -169,8 +182,7 @@ def _candidate_plans(context: Context, evidence: Evidence) -> list[Candidate]:
             plan = Plan(
                 f"capacity={target}", "capacity", context.workload, settings, details=details
             )
-            plans.append((plan, _describer(text), None))
-    return plans
+            yield (plan, _describer(text), None)
 
 
 def _pad_targets(targets: list[PadTarget], block: int) -> list[PadTarget]:
