@@ -50,6 +50,10 @@ def main() -> None:
         from cli.main import app
 
         gc.freeze()
+        # A young-generation pass every 10,000 allocations instead of 700: reading a log makes
+        # objects by the million, nearly all freed by their counts (on a 150k-request log, 417
+        # passes took 0.07 CPU-s; 10,000 takes a handful). Cycles are collected all the same.
+        gc.set_threshold(10_000, 10, 10)
         gc.enable()
         app()
     except (KeyboardInterrupt, _Interrupted) as exc:
