@@ -65,14 +65,22 @@ def _thresholds(items, offsets, lookup, peak, extra, last):
             running = max(running, distance + extra[r] + 1, peak[r])
             out[size] = running
             size += 1
-        for j in range(stop - 1, first - 1, -1):  # release, deepest first
+        # Release, deepest first, at consecutive times: each marker's bit is set at once, its
+        # word's count added to the tree once per word (nothing reads the tree until the next
+        # request's lookups; the markers taken away are all older than this request's).
+        pending = 0
+        for j in range(stop - 1, first - 1, -1):
             item = items[j]
             if last[item] >= 0:
                 _unmark(marks, last[item])
             else:
                 n_marked += 1
             last[item] = clock
-            _mark(marks, clock)
+            marks[0][clock >> 6] |= np.uint64(1) << np.uint64(clock & 63)
+            pending += 1
+            if clock & 63 == 63 or j == first:
+                _add(marks[1], clock >> 6, pending)
+                pending = 0
             clock += 1
     return out[:size]
 
@@ -86,13 +94,6 @@ def _thresholds(items, offsets, lookup, peak, extra, last):
 def _new_marks(n_times):
     n_words = n_times // 64 + 1
     return np.zeros(n_words, np.uint64), np.zeros(n_words + 1, np.int32)
-
-
-@njit(cache=True, inline="always")
-def _mark(marks, time):
-    bits, fenwick = marks
-    bits[time >> 6] |= np.uint64(1) << np.uint64(time & 63)
-    _add(fenwick, time >> 6, 1)
 
 
 @njit(cache=True, inline="always")
