@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from analyzer.diagnose import DiagnoseInput, diagnose
 from analyzer.diagnose.fixes import (
     DYNAMIC_TOKEN,
     PAD_TOKEN,
@@ -14,10 +15,19 @@ from analyzer.diagnose.fixes import (
     apply_edits,
     original_hits,
     rotate,
+    with_namespace,
 )
-from analyzer.diagnose.plans import PadTarget, pad_plan, settings_plan, what_if_plan
+from analyzer.diagnose.plans import (
+    KnownReplay,
+    PadTarget,
+    pad_plan,
+    salt_plan,
+    settings_plan,
+    what_if_plan,
+)
+from analyzer.diagnose.scenarios import Scenario, replay_hits
 from analyzer.errors import PrefixcheckError
-from analyzer.replay import ReplaySettings
+from analyzer.replay import ReplaySettings, replay_all
 from cache_models.workload import Workload
 from tests.test_diagnose_losses import context_for
 
@@ -129,3 +139,35 @@ def test_what_if_flags_the_engines_refuse() -> None:
         what_if_plan(small, "block-size=64")
     with pytest.raises(PrefixcheckError, match="at least one block"):
         what_if_plan(context, "capacity=8")
+
+
+def test_no_salt_hits_come_from_the_salt_free_pass_for_its_own_log_only() -> None:
+    """The no-salt fix is measured with the hits of the pass that built the salt-free trie: the
+    same as replaying its log, and only reused for that log with those settings."""
+    rng = np.random.default_rng(3)
+    system = list(range(1, 40))
+    prompts = [
+        system + rng.integers(100, 200, int(rng.integers(1, 30))).tolist() for _ in range(80)
+    ]
+    namespace = rng.integers(0, 3, 80)
+    workload = Workload.from_lists(prompts, [[5, 6, 7]] * 80, namespace=namespace.tolist())
+    settings = ReplaySettings(block_size=16, page_size=4)
+    free = np.zeros(workload.n_requests, np.int32)
+    inputs = DiagnoseInput(
+        workload, replay_all(workload, settings), settings, free, None, None, False, ("no-salt",)
+    )
+    result = diagnose(inputs)
+    replayed = replay_hits(Scenario(with_namespace(workload, free), settings))
+    (what_if,) = result.diagnosis.what_if
+    for engine, hits in replayed.items():
+        assert what_if.measured[engine].hit_tokens_after == int(hits.sum())
+    (salt,) = [r for r in result.diagnosis.recommendations if r.kind == "salt"]
+    assert salt.measured["vllm"]["hit_tokens_after"] == int(replayed["vllm"].sum())
+    assert salt.measured["vllm"]["hit_tokens_after"] > salt.measured["vllm"]["hit_tokens_before"]
+
+    known = KnownReplay(workload, settings, replayed)
+    context = replace(context_for(workload, []), settings=settings, salt_free_replay=known)
+    assert salt_plan(context).hits is replayed
+    other = replace(context, workload=workload.select(np.arange(workload.n_requests)))
+    assert salt_plan(other).hits is None  # another log (a fix applied before): replayed
+    assert salt_plan(replace(context, settings=replace(settings, block_size=32))).hits is None

@@ -16,19 +16,21 @@ from analyzer.diagnose.model import Diagnosis, DynamicSite, EngineLosses, WhatIf
 from analyzer.diagnose.parts import PartsSource, Reordered
 from analyzer.diagnose.plans import (
     Context,
+    KnownReplay,
     PadTarget,
-    edit_scenario,
+    plan_hits,
     static_runs,
     what_if_plan,
 )
 from analyzer.diagnose.recommend import Evidence, KvShape, recommend
-from analyzer.diagnose.scenarios import Scenario, gains, replay_hits, replay_many
+from analyzer.diagnose.scenarios import Scenario, gains, replay_hits
 from analyzer.diagnose.sweep import size_sweep
+from analyzer.engines import ENGINES
 from analyzer.prefixes import TEMPLATE_MIN_TOKENS, shared_prefixes
 from analyzer.progress import NoProgress, Progress
 from analyzer.replay import Replays, ReplaySettings
 from analyzer.tokenizer import Tokenizer
-from cache_models.prefix_trie import PrefixTrie, TrieNodes
+from cache_models.prefix_trie import PrefixTrie, TrieNodes, View
 from cache_models.runs import RunWorkload
 from cache_models.trie_walk import nodes_on_paths
 from cache_models.workload import Workload
@@ -153,7 +155,9 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         sequential = replace(settings, capacity_tokens=None, max_in_flight=1, time_model=None)
         sequential_unbounded = replay_hits(Scenario(workload, sequential, servers=inputs.servers))
 
-    salt_free, salt_free_trie, salt_free_ceiling = _salt_free(workload, replays, inputs)
+    salt_free, salt_free_trie, salt_free_ceiling, salt_free_replay = _salt_free(
+        workload, replays, inputs
+    )
     sites, spans = find_dynamic_content(
         salt_free_trie, salt_free, MIN_STATIC_TOKENS, inputs.decoder
     )
@@ -189,6 +193,7 @@ def diagnose(inputs: DiagnoseInput, progress: Progress | None = None) -> Diagnos
         servers=inputs.servers,
         reordered=inputs.reordered,
         relocate=lambda moved: _relocated(moved, inputs),
+        salt_free_replay=salt_free_replay,
     )
     curves, belady = capacity_curves(
         replays.trie, workload, settings, inputs.servers, check=inputs.check_curves
@@ -252,18 +257,30 @@ def _relocated(workload: Workload, inputs: DiagnoseInput) -> Context:
 
 def _salt_free(
     workload: Workload, replays: Replays, inputs: DiagnoseInput
-) -> tuple[Workload, TrieNodes, np.ndarray]:
-    """The workload without salts, its trie and its ceiling (the replays' own when no salt)."""
+) -> tuple[Workload, TrieNodes, np.ndarray, KnownReplay | None]:
+    """The workload without salts, its trie and its ceiling (the replays' own when no salt), and,
+    when that needs a pass of its own and the replays are unbounded and sequential on one server,
+    the engines' hits of that pass too (the no-salt fix's replay: views of the same trie)."""
     if np.array_equal(inputs.salt_free_namespace, workload.namespace):
-        return workload, replays.trie, replays.ideal.hit_tokens
+        return workload, replays.trie, replays.ideal.hit_tokens, None
     salt_free = with_namespace(workload, inputs.salt_free_namespace)
     renamed = _renamed(replays.trie, workload.namespace, inputs.salt_free_namespace)
     if renamed is not None:  # no salt: the same requests together, under other ids
-        return salt_free, renamed, replays.ideal.hit_tokens
-    trie = PrefixTrie()
-    ceiling = trie.replay(salt_free).hit_tokens
-    assert trie.nodes is not None
-    return salt_free, trie.nodes, ceiling
+        return salt_free, renamed, replays.ideal.hit_tokens, None
+    settings = inputs.settings
+    engines: tuple[str, ...] = ()
+    if settings.capacity_tokens is None and settings.sequential and inputs.servers is None:
+        engines = ENGINES
+    views = [View("ideal")] + [
+        View(engine, settings.block_size if engine == "vllm" else settings.page_size)
+        for engine in engines
+    ]
+    trie = PrefixTrie(views)
+    ceiling, *engine_hits = trie.feed(salt_free)
+    known = None
+    if engines:
+        known = KnownReplay(workload, settings, dict(zip(engines, engine_hits, strict=True)))
+    return salt_free, trie.nodes, ceiling, known
 
 
 def _renamed(trie: TrieNodes, old: np.ndarray, new: np.ndarray) -> TrieNodes | None:
@@ -353,7 +370,7 @@ def _what_ifs(
     context: Context, hits: dict[str, np.ndarray], specs: tuple[str, ...]
 ) -> list[WhatIf]:
     plans = [what_if_plan(context, spec) for spec in specs]
-    results = replay_many([edit_scenario(p, context, hits) for p in plans])
+    results = plan_hits(plans, context, hits)
     return [
         WhatIf(p.name, p.kind, gains(context.workload, hits, p.workload, result), p.details)
         for p, result in zip(plans, results, strict=True)

@@ -13,7 +13,7 @@ from numba import njit
 from analyzer.diagnose.dynamic import Site, Spans
 from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
 from analyzer.diagnose.parts import Reordered
-from analyzer.diagnose.scenarios import ENGINES, Scenario
+from analyzer.diagnose.scenarios import ENGINES, Scenario, replay_many
 from analyzer.diagnose.what_if import MOVING, Fix, WhatIfSpec
 from analyzer.errors import PrefixcheckError
 from analyzer.replay import ReplaySettings
@@ -47,6 +47,16 @@ class Moves:
 
 
 @dataclass(frozen=True)
+class KnownReplay:
+    """Hits replayed already: those of ``base`` with its salts left out, unbounded and
+    sequential with ``settings`` (per engine), from the pass that built the salt-free trie."""
+
+    base: Workload
+    settings: ReplaySettings
+    hits: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
 class Context:
     """What the plans are built from (replay order)."""
 
@@ -61,6 +71,7 @@ class Context:
     # The context of another workload (the same requests after a fix moved their tokens): its
     # templates and dynamic values found again, so that a second moving fix can follow a first.
     relocate: Callable[[Workload], Context] | None = None
+    salt_free_replay: KnownReplay | None = None  # the salt-free log's hits, when replayed
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,17 @@ class Plan:
     settings: ReplaySettings
     engines: tuple[str, ...] = ENGINES
     details: dict[str, Any] = field(default_factory=dict)
+    hits: dict[str, np.ndarray] | None = None  # its replay's hits, when known already
+
+
+def plan_hits(
+    plans: list[Plan], context: Context, hits: dict[str, np.ndarray]
+) -> list[dict[str, np.ndarray]]:
+    """Each plan's hits: known already, or replayed (``edit_scenario``; together)."""
+    replayed = iter(
+        replay_many([edit_scenario(plan, context, hits) for plan in plans if plan.hits is None])
+    )
+    return [next(replayed) if plan.hits is None else plan.hits for plan in plans]
 
 
 def edit_scenario(plan: Plan, context: Context, hits: dict[str, np.ndarray]) -> Scenario:
@@ -167,9 +189,14 @@ def reorder_plan(context: Context) -> Plan:
 
 
 def salt_plan(context: Context) -> Plan:
-    """Every tenant in one cache namespace (LoRA adapters stay apart)."""
+    """Every tenant in one cache namespace (LoRA adapters stay apart). Its hits are the salt-free
+    pass's when that replayed this log with these settings."""
     workload = with_namespace(context.workload, context.salt_free_namespace)
-    return Plan("no-salt", "salt", workload, context.settings)
+    known = context.salt_free_replay
+    hits = None
+    if known is not None and known.base is context.workload and known.settings == context.settings:
+        hits = known.hits
+    return Plan("no-salt", "salt", workload, context.settings, hits=hits)
 
 
 def settings_plan(context: Context, name: str | Fix, value: str = "") -> Plan:

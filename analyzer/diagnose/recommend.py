@@ -17,13 +17,13 @@ from analyzer.diagnose.plans import (
     Context,
     PadTarget,
     Plan,
-    edit_scenario,
     move_plan,
     pad_plan,
+    plan_hits,
     reorder_plan,
     salt_plan,
 )
-from analyzer.diagnose.scenarios import Gain, gains, replay_many
+from analyzer.diagnose.scenarios import Gain, gains
 from analyzer.diagnose.sweep import SweepPoint
 from analyzer.engines import ENGINE_LABELS
 from analyzer.settings import ReplaySettings
@@ -94,9 +94,7 @@ def recommend(context: Context, evidence: Evidence) -> Advice:
     items = []
     padding_saves = {}
     for candidates in _batches(_candidate_plans(context, evidence), context.settings):
-        results = replay_many(
-            [edit_scenario(plan, context, evidence.hits) for plan, _, _ in candidates]
-        )
+        results = plan_hits([plan for plan, _, _ in candidates], context, evidence.hits)
         for (plan, describe, target), hits in zip(candidates, results, strict=True):
             measured = gains(workload, evidence.hits, plan.workload, hits)
             items.append(_item(plan.kind, describe, plan.details, measured, floor))
