@@ -283,3 +283,45 @@ def test_request_keys_hold_the_time_only_for_templates_that_read_it() -> None:
     assert plain.request_key([{"x": 1}], None, None, None, True, False) != plain.request_key(
         [{"x": 1.0}], None, None, None, True, False
     )
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from analyzer.token_cache import encode_texts
+from analyzer.tokenizer import load_tokenizer
+cache, seed = Path(sys.argv[1]), int(sys.argv[2])
+tokenizer = load_tokenizer(None)
+for round in range(6):  # a store per round, interleaved with the other writer's
+    texts = [f"shared text {i} of round {round}" for i in range(150)]
+    texts += [f"writer {seed} text {i} of round {round}" for i in range(150)]
+    encode_texts(texts, [i % 2 == 0 for i in range(len(texts))], tokenizer, cache_dir=cache)
+"""
+
+
+def test_two_runs_filling_one_cache_at_once_leave_it_right(tmp_path: Path) -> None:
+    """Two processes tokenizing overlapping texts into one cache at the same time: every entry
+    a later run reads is the text's own ids, and nothing reads as damaged."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(seed)], cwd=root)
+        for seed in (1, 2)
+    ]
+    assert [w.wait(timeout=120) for w in writers] == [0, 0]
+    tokenizer = load_tokenizer(None)
+    texts = [
+        text
+        for round in range(6)
+        for text in (
+            *(f"shared text {i} of round {round}" for i in range(150)),
+            *(f"writer {seed} text {i} of round {round}" for seed in (1, 2) for i in range(150)),
+        )
+    ]
+    specials = [int(t.split(" text ")[1].split(" ")[0]) % 2 == 0 for t in texts]  # as written
+    cached, stats = encode_texts(texts, specials, tokenizer, cache_dir=tmp_path)
+    assert stats.tokenized == 0 and stats.from_cache == len(set(texts)) and not stats.damaged
+    fresh, _ = encode_texts(texts, specials, tokenizer, cache_dir=None)
+    assert [a.tolist() for a in cached] == [b.tolist() for b in fresh]
