@@ -204,9 +204,9 @@ def _table(ids: np.ndarray, offsets: np.ndarray, size: int) -> RunTable:
 def _unique(values: np.ndarray, inverse: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """``np.unique(values, return_inverse=inverse)`` of int64 values; by a table of presence
     when they lie in a range a few times their number (hash ids are counted from 0: no sort).
-    The table takes at most 16 bytes per value: a bool for each number of a range up to 16
-    times their count; with the inverse, a bool and an int64 for each of a range up to 4 times
-    their count (36)."""
+    The table takes at most 16 bytes per value without the inverse (a bool for each number of a
+    range up to 16 times their count) and 36 with it (a bool and an int64 for each number of a
+    range up to 4 times their count)."""
     values = np.asarray(values, np.int64)
     factor = DENSE_FACTOR // 4 if inverse else DENSE_FACTOR
     if len(values) and values.min() >= 0 and values.max() < factor * len(values) + 1024:
