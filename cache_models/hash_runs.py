@@ -323,10 +323,14 @@ def _entries(
     ``next_unknown`` down); an entry starting before ``L`` is the prompt's. Counts them into
     ``counts`` when the output arrays are empty, else writes them. Returns the next unknown id."""
     fill = len(prompt_offsets) > 0
+    sides = (
+        (prompt_ids, prompt_weights, prompt_offsets),
+        (output_ids, output_weights, output_offsets),
+    )
     scale = size + 1
     for r in range(len(prompt)):
         pos = 0
-        np_, no = 0, 0  # entries of the prompt and of the answer so far
+        counts[0, r] = counts[1, r] = 0
         for j in range(id_offsets[r], id_offsets[r + 1]):
             covered = min(size, known[r] - (j - id_offsets[r]) * size)
             code = codes[j]
@@ -334,35 +338,28 @@ def _entries(
             if covered < size:  # the runs that start before the occurrence's end
                 hi = lo + np.searchsorted(keys[lo:hi], code * scale + covered)
             for k in range(lo, hi):
-                if pos < prompt[r]:
-                    if fill:
-                        prompt_ids[prompt_offsets[r] + np_] = k
-                        prompt_weights[prompt_offsets[r] + np_] = lengths[k]
-                    np_ += 1
-                else:
-                    if fill:
-                        output_ids[output_offsets[r] + no] = k
-                        output_weights[output_offsets[r] + no] = lengths[k]
-                    no += 1
+                part = 0 if pos < prompt[r] else 1
+                _put(fill, sides[part], part, r, counts, k, lengths[k])
                 pos += lengths[k]
         end = prompt[r] + answer[r]
         tail = max(0, end - known[r])
         first = end - 1 - known[r] if end - 1 > known[r] else tail
         for weight in (first, tail - first):
-            if weight <= 0:
-                continue
-            if pos < prompt[r]:
-                if fill:
-                    prompt_ids[prompt_offsets[r] + np_] = next_unknown
-                    prompt_weights[prompt_offsets[r] + np_] = weight
-                np_ += 1
-            else:
-                if fill:
-                    output_ids[output_offsets[r] + no] = next_unknown
-                    output_weights[output_offsets[r] + no] = weight
-                no += 1
-            pos += weight
-            next_unknown -= 1
-        counts[0, r] = np_
-        counts[1, r] = no
+            if weight > 0:
+                part = 0 if pos < prompt[r] else 1
+                _put(fill, sides[part], part, r, counts, next_unknown, weight)
+                pos += weight
+                next_unknown -= 1
     return next_unknown
+
+
+@njit(cache=True, inline="always")
+def _put(fill, side, part, r, counts, entry, weight):
+    """The next entry of request r's prompt (``part`` 0) or answer (1): counted in ``counts``,
+    and written to ``side`` (its ids, weights and offsets) when ``fill``."""
+    if fill:
+        ids, weights, offsets = side
+        at = offsets[r] + counts[part, r]
+        ids[at] = entry
+        weights[at] = weight
+    counts[part, r] += 1
