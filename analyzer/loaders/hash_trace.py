@@ -39,7 +39,7 @@ import numpy as np
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import int_list, optional_int, optional_number
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
-from analyzer.loaders.id_lists import decoded_lines, parse_id_lists
+from analyzer.loaders.id_lists import decoded_lines, parse_list_pairs
 from analyzer.records import HashBlocks, Record
 from cache_models.hash_runs import ID_FACTOR
 from cache_models.runs import RUN_STEP
@@ -190,26 +190,22 @@ def plain_records(
         None if bailian and item is not None and item.chat_id is msgspec.UNSET else item
         for item in decoded_lines(lines, _decode_line)
     ]  # a Mooncake line in a Bailian file goes to ``parse``: a mixed-format error
-    lists: list[msgspec.Raw] = []
-    for item in decoded:
-        if item is not None:
-            lists.append(item.hash_ids)
-            if len(item.output_hash_ids):
-                lists.append(item.output_hash_ids)
-    ids, offset_array, taken_array = parse_id_lists(lists)
+    ids, offset_array, taken_array, where = parse_list_pairs(
+        decoded,
+        lambda item: (item.hash_ids, item.output_hash_ids if len(item.output_hash_ids) else None),
+    )
     wide = ids.astype(np.int64)
     offsets, taken = offset_array.tolist(), taken_array.tolist()  # Python ints: read per line
     records: list[Record | None] = []
-    at = 0
-    for (number, _), item in zip(lines, decoded, strict=True):
-        if item is None:
+    for (number, _), item, lists in zip(lines, decoded, where, strict=True):
+        if item is None or lists is None:
             records.append(None)
             continue
-        more = 1 if len(item.output_hash_ids) else 0
-        ok = taken[at] and (not more or taken[at + 1])
-        first, end = offsets[at], offsets[at + 1 + more]
-        blocks = offsets[at + 1] - first
-        at += 1 + more
+        prompt, answer = lists
+        last = prompt if answer is None else answer
+        ok = taken[prompt] and taken[last]
+        first, end = offsets[prompt], offsets[last + 1]
+        blocks = offsets[prompt + 1] - first
         records.append(
             _record(file, number, item, wide[first:end], blocks, block_size) if ok else None
         )

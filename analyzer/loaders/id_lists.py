@@ -39,6 +39,28 @@ def parse_id_lists(lists: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.n
     return _parse(buffer, bounds)
 
 
+def parse_list_pairs(
+    decoded: Sequence[T | None], lists_of: Callable[[T], tuple[bytes, bytes | None]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int | None] | None]]:
+    """``parse_id_lists`` of each decoded line's lists: a first one and, where ``lists_of``
+    gives one, a second (a prompt's ids, then its answer's). Also, per line, the indices of its
+    lists in the result (None for a line not decoded)."""
+    lists: list[bytes] = []
+    where: list[tuple[int, int | None] | None] = []
+    for item in decoded:
+        if item is None:
+            where.append(None)
+            continue
+        first, second = lists_of(item)
+        lists.append(first)
+        if second is None:
+            where.append((len(lists) - 1, None))
+        else:
+            lists.append(second)
+            where.append((len(lists) - 2, len(lists) - 1))
+    return (*parse_id_lists(lists), where)
+
+
 @njit(cache=True, nogil=True)
 def _parse(buffer: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(bounds) - 1

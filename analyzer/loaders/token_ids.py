@@ -17,7 +17,7 @@ import msgspec
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import cache_fields, int_list, optional_number, optional_str
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
-from analyzer.loaders.id_lists import decoded_lines, parse_id_lists
+from analyzer.loaders.id_lists import decoded_lines, parse_list_pairs
 from analyzer.loaders.token_lines import parse_lines
 from analyzer.records import Record
 
@@ -97,24 +97,19 @@ def plain_records(file: str, lines: Sequence[tuple[int, Any]]) -> list[Record | 
 def _decoded_records(file: str, lines: Sequence[tuple[int, Any]]) -> list[Record | None]:
     """``plain_records`` of the lines the compiled reader did not take, by a typed decode."""
     decoded = decoded_lines(lines, _decode_plain)
-    lists: list[msgspec.Raw] = []
-    for item in decoded:
-        if item is not None:
-            lists.append(item.prompt_token_ids)
-            if item.output_token_ids != _NULL:
-                lists.append(item.output_token_ids)
-    ids, offsets, taken = parse_id_lists(lists)
+    ids, offsets, taken, where = parse_list_pairs(
+        decoded,
+        lambda item: (
+            item.prompt_token_ids,
+            None if item.output_token_ids == _NULL else item.output_token_ids,
+        ),
+    )
     records: list[Record | None] = []
-    at = 0
-    for (number, _), item in zip(lines, decoded, strict=True):
-        if item is None:
+    for (number, _), item, lists in zip(lines, decoded, where, strict=True):
+        if item is None or lists is None:
             records.append(None)
             continue
-        prompt, output = at, None
-        at += 1
-        if item.output_token_ids != _NULL:
-            output, at = at, at + 1
-        records.append(_record(file, number, item, ids, offsets, taken, prompt, output))
+        records.append(_record(file, number, item, ids, offsets, taken, *lists))
     return records
 
 
