@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from analyzer.diagnose import _renamed, scenarios
-from analyzer.diagnose.reach import reached_rows
+from analyzer.diagnose.fixes import EditedLog, Edits, apply_edits
+from analyzer.diagnose.reach import edited_rows, reached_rows
 from analyzer.diagnose.scenarios import Scenario, replay_many
 from analyzer.replay import ReplaySettings
 from cache_models.prefix_trie import PrefixTrie
@@ -103,3 +104,40 @@ def test_replaying_the_reached_requests_alone_gives_the_full_replay(
         np.testing.assert_array_equal(reached[engine], full[engine], err_msg=engine)
     rows = reached_rows(base, edited, min(settings.block_size, settings.page_size), servers)
     assert len(rows) < n or settings.page_size == 1  # some requests kept their hits
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_an_edited_log_builds_and_replays_only_what_its_edits_reach(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``EditedLog`` gives, request for request, the edited workload's requests, the requests
+    its edits change (not those an edit leaves as they were), and the full edited replay's hits
+    when only the reached requests are built and replayed."""
+    monkeypatch.setattr(scenarios, "SUBSET_MAX_SHARE", 1.0)
+    rng = np.random.default_rng(100 + seed)
+    n = 100
+    prompts, outputs, namespace, stops = _random_log(rng, n)
+    base = Workload.from_arrays(prompts, outputs, namespace=namespace, stop_finish=stops)
+    rows = rng.choice(n, int(rng.integers(1, 15)), replace=False)
+    lengths = base.prompt_lengths[rows]
+    position = rng.integers(0, lengths + 1)
+    delete = np.minimum(rng.integers(0, 2, len(rows)), lengths - position)
+    insert = np.where(delete > 0, 1, rng.integers(1, 4, len(rows)))
+    token = int(rng.integers(0, 6))  # an edit may put back the token it takes out
+    edits = Edits.of(rows, position, delete, insert, token)
+    log = EditedLog(base, edits)
+    whole = apply_edits(base, edits)
+    assert log.prompt_token_count == whole.prompt_token_count
+    np.testing.assert_array_equal(log.edited_rows, np.flatnonzero(edited_rows(base, whole)))
+    picked = np.sort(rng.choice(n, 30, replace=False))
+    for name, column in asdict(log.select(picked)).items():
+        np.testing.assert_array_equal(column, asdict(whole.select(picked))[name], err_msg=name)
+    settings = ReplaySettings(
+        block_size=int(rng.choice([1, 4, 16])), page_size=int(rng.choice([1, 2, 8]))
+    )
+    (base_hits,) = replay_many([Scenario(base, settings)])
+    (full,) = replay_many([Scenario(whole, settings)])
+    (reached,) = replay_many([Scenario(log, settings, base=base, base_hits=base_hits)])
+    for engine in full:
+        np.testing.assert_array_equal(reached[engine], full[engine], err_msg=engine)
+    assert "workload" not in log.__dict__  # the whole edited log was never built

@@ -372,6 +372,6 @@ def _what_ifs(
     plans = [what_if_plan(context, spec) for spec in specs]
     results = plan_hits(plans, context, hits)
     return [
-        WhatIf(p.name, p.kind, gains(context.workload, hits, p.workload, result), p.details)
+        WhatIf(p.name, p.kind, gains(context.workload, hits, p.log, result), p.details)
         for p, result in zip(plans, results, strict=True)
     ]

@@ -8,10 +8,12 @@ there are and where, not which text a user would put there.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 from numba import njit
 
+from analyzer.diagnose.reach import tokens_differ
 from cache_models.workload import Workload
 
 # Padding inserted by a pad-prefix fix (a user pads with text of the same token count).
@@ -51,6 +53,53 @@ class Edits:
 
     def __len__(self) -> int:
         return len(self.request)
+
+
+@dataclass(frozen=True)
+class EditedLog:
+    """``base`` with ``edits`` applied, built only as far as it is read: the requests a replay
+    of the reached ones needs (``select``), or the whole log (``workload``, made once)."""
+
+    base: Workload
+    edits: Edits
+
+    @cached_property
+    def workload(self) -> Workload:
+        return apply_edits(self.base, self.edits)
+
+    @property
+    def n_requests(self) -> int:
+        return self.base.n_requests
+
+    @property
+    def prompt_token_count(self) -> int:
+        return self.base.prompt_token_count + int((self.edits.insert - self.edits.delete).sum())
+
+    @cached_property
+    def edited_rows(self) -> np.ndarray:
+        """The requests (ascending) whose prompts the edits change: a request with edits that
+        leave its tokens as they were is not one."""
+        rows = np.unique(self.edits.request)
+        before = self.base.select(rows)
+        after = self._edited(before, rows)
+        differ = tokens_differ(
+            before.prompt_tokens, before.prompt_offsets, after.prompt_tokens, after.prompt_offsets
+        )
+        return rows[differ]
+
+    def select(self, rows: np.ndarray) -> Workload:
+        """The edited log's requests at ``rows`` (ascending, distinct), as
+        ``workload.select(rows)`` gives them, edited without building the rest."""
+        rows = np.asarray(rows, np.int64)
+        return self._edited(self.base.select(rows), rows)
+
+    def _edited(self, selected: Workload, rows: np.ndarray) -> Workload:
+        """``selected`` (the base's ``rows``, ascending) with the edits of those rows."""
+        edits = self.edits
+        at = np.minimum(np.searchsorted(rows, edits.request), max(len(rows) - 1, 0))
+        mine = (rows[at] == edits.request) if len(rows) else np.zeros(len(edits), np.bool_)
+        columns = (edits.position, edits.delete, edits.insert, edits.token)
+        return apply_edits(selected, Edits(at[mine], *(column[mine] for column in columns)))
 
 
 def apply_edits(workload: Workload, edits: Edits) -> Workload:

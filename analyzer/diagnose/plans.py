@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 from numba import njit
 
 from analyzer.diagnose.dynamic import Site, Spans
-from analyzer.diagnose.fixes import PAD_TOKEN, Edits, apply_edits, rotate, with_namespace
+from analyzer.diagnose.fixes import PAD_TOKEN, EditedLog, Edits, rotate, with_namespace
 from analyzer.diagnose.parts import Reordered
 from analyzer.diagnose.scenarios import ENGINES, Scenario, replay_many
 from analyzer.diagnose.what_if import MOVING, Fix, WhatIfSpec
@@ -76,13 +77,21 @@ class Context:
 
 @dataclass(frozen=True)
 class Plan:
+    """A fix: the log to replay (``log``: a workload, or the context's with edits, built only as
+    far as its replay reads it) and the engine flags."""
+
     name: str
     kind: str
-    workload: Workload
+    log: Workload | EditedLog
     settings: ReplaySettings
     engines: tuple[str, ...] = ENGINES
     details: dict[str, Any] = field(default_factory=dict)
     hits: dict[str, np.ndarray] | None = None  # its replay's hits, when known already
+
+    @cached_property
+    def workload(self) -> Workload:
+        """The whole fixed log (an edited one built here, once)."""
+        return self.log.workload if isinstance(self.log, EditedLog) else self.log
 
 
 def plan_hits(
@@ -101,11 +110,11 @@ def edit_scenario(plan: Plan, context: Context, hits: dict[str, np.ndarray]) -> 
     replay then replays only the requests its edits can reach."""
     keeps = (
         plan.settings == context.settings
-        and plan.workload.n_requests == context.workload.n_requests
+        and plan.log.n_requests == context.workload.n_requests
         and all(engine in hits for engine in plan.engines)
     )
     return Scenario(
-        plan.workload,
+        plan.log,
         plan.settings,
         plan.engines,
         context.servers,
@@ -146,8 +155,8 @@ def pad_plan(context: Context, targets: list[PadTarget]) -> Plan:
             for t, pad in zip(ordered, pads, strict=True)
         ]
     }
-    workload = apply_edits(context.workload, edits)
-    return Plan("pad-prefixes", "pad_prefix", workload, context.settings, details=details)
+    log = EditedLog(context.workload, edits)
+    return Plan("pad-prefixes", "pad_prefix", log, context.settings, details=details)
 
 
 def move_plan(context: Context, sites: list[int]) -> Plan:

@@ -23,23 +23,37 @@ def reached_rows(
 ) -> np.ndarray:
     """The rows (request indices, ascending) whose hits ``changed`` may give otherwise than
     ``base`` (the same requests, some of them edited) at ``granularity`` and coarser."""
-    edited = edited_rows(base, changed)
-    if not edited.any():
+    edited = np.flatnonzero(edited_rows(base, changed))
+    return rows_reached(base, edited, changed.select(edited), granularity, servers)
+
+
+def rows_reached(
+    base: Workload,
+    rows: np.ndarray,
+    changed: Workload,
+    granularity: int,
+    servers: np.ndarray | None,
+) -> np.ndarray:
+    """``reached_rows`` when only ``base``'s requests ``rows`` (ascending) changed, to
+    ``changed`` (those requests alone, in that order): one pass over the base's first tokens,
+    none over the rest of the log."""
+    if not len(rows):
         return np.zeros(0, np.int64)
     server_ids = _server_ids(servers, base.n_requests)
-    before = _group_keys(base, granularity, server_ids)
-    after = _group_keys(changed, granularity, server_ids)
+    before = _group_keys(base, granularity, server_ids, np.arange(base.n_requests))
+    after = before.copy()
+    after[rows] = _group_keys(changed, granularity, server_ids[rows], rows)
     # the groups an edited request leaves and joins; an unedited request keeps its group
-    touched = np.union1d(before[edited], after[edited])
+    touched = np.union1d(before[rows], after[rows])
     return np.flatnonzero(np.isin(after, touched))
 
 
 def edited_rows(base: Workload, changed: Workload) -> np.ndarray:
     """Per request, whether its tokens or what the trie reads of it differ."""
-    edited = _tokens_differ(
+    edited = tokens_differ(
         base.prompt_tokens, base.prompt_offsets, changed.prompt_tokens, changed.prompt_offsets
     )
-    edited |= _tokens_differ(
+    edited |= tokens_differ(
         base.output_tokens, base.output_offsets, changed.output_tokens, changed.output_offsets
     )
     edited |= base.namespace != changed.namespace
@@ -54,10 +68,13 @@ def _server_ids(servers: np.ndarray | None, n: int) -> np.ndarray:
     return np.unique(np.asarray(servers), return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
-def _group_keys(workload: Workload, granularity: int, server_ids: np.ndarray) -> np.ndarray:
+def _group_keys(
+    workload: Workload, granularity: int, server_ids: np.ndarray, rows: np.ndarray
+) -> np.ndarray:
     """Per request, a hash of its group: (server, namespace, its first ``granularity`` tokens),
-    or its row for a short sequence. Requests whose groups collide are only replayed together,
-    which is exact all the same (a group may hold requests that never share a block)."""
+    or its row in the log (``rows``) for a short sequence. Requests whose groups collide are
+    only replayed together, which is exact all the same (a group may hold requests that never
+    share a block)."""
     return _hashes(
         workload.prompt_tokens,
         workload.prompt_offsets,
@@ -65,12 +82,14 @@ def _group_keys(workload: Workload, granularity: int, server_ids: np.ndarray) ->
         workload.output_offsets,
         workload.namespace.astype(np.int64),
         server_ids,
+        rows.astype(np.int64),
         granularity,
     )
 
 
 @njit(cache=True)
-def _tokens_differ(a_tokens, a_offsets, b_tokens, b_offsets):
+def tokens_differ(a_tokens, a_offsets, b_tokens, b_offsets):
+    """Per request of two workloads of as many requests, whether their token runs differ."""
     n = len(a_offsets) - 1
     differ = np.zeros(n, np.bool_)
     for r in range(n):
@@ -95,10 +114,12 @@ def _mix(state, value):
 
 
 @njit(cache=True)
-def _hashes(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespace, servers, g):
+def _hashes(
+    prompt_tokens, prompt_offsets, output_tokens, output_offsets, namespace, servers, rows, g
+):
     """Each request's group hash: server, namespace and the first ``g`` tokens of prompt then
     answer; a request with fewer known tokens (an unknown, negative, token ends what the trie
-    stores) hashes its row instead, under a mark of its own."""
+    stores) hashes its row (``rows``) instead, under a mark of its own."""
     n = len(prompt_offsets) - 1
     keys = np.empty(n, np.uint64)
     for r in range(n):
@@ -117,5 +138,5 @@ def _hashes(prompt_tokens, prompt_offsets, output_tokens, output_offsets, namesp
                 short = True
                 break
             state = _mix(state, token)
-        keys[r] = _mix(_mix(_FNV_OFFSET, -1), r) if short else state
+        keys[r] = _mix(_mix(_FNV_OFFSET, -1), rows[r]) if short else state
     return keys

@@ -96,7 +96,7 @@ def recommend(context: Context, evidence: Evidence) -> Advice:
     for candidates in _batches(_candidate_plans(context, evidence), context.settings):
         results = plan_hits([plan for plan, _, _ in candidates], context, evidence.hits)
         for (plan, describe, target), hits in zip(candidates, results, strict=True):
-            measured = gains(workload, evidence.hits, plan.workload, hits)
+            measured = gains(workload, evidence.hits, plan.log, hits)
             items.append(_item(plan.kind, describe, plan.details, measured, floor))
             if target is not None:
                 padding_saves[target.tokens.tobytes()] = max(

@@ -13,12 +13,14 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from analyzer.diagnose.fixes import EditedLog
 from analyzer.diagnose.forked import forked_map
-from analyzer.diagnose.reach import reached_rows
+from analyzer.diagnose.reach import reached_rows, rows_reached
 from analyzer.engines import ENGINES
 from analyzer.pool import CacheKey, CachePool, Routes
 from analyzer.replay import ReplaySettings
@@ -43,14 +45,20 @@ class Scenario:
     ``base`` is the workload that this one edits (the same requests, some of them changed) and
     ``base_hits`` its hits with these settings: an unbounded sequential replay then replays only
     the requests the edits can reach (``reach.reached_rows``), the others keep ``base_hits``.
+    ``log`` may be ``base`` with edits (``EditedLog``): then only what is replayed is built.
     """
 
-    workload: Workload
+    log: Workload | EditedLog
     settings: ReplaySettings
     engines: tuple[str, ...] = ENGINES
     servers: np.ndarray | None = None
     base: Workload | None = None
     base_hits: dict[str, np.ndarray] | None = None
+
+    @cached_property
+    def workload(self) -> Workload:
+        """The whole workload to replay (an edited log built here, once)."""
+        return self.log.workload if isinstance(self.log, EditedLog) else self.log
 
 
 @dataclass(frozen=True)
@@ -164,14 +172,19 @@ def _reached_replay(scenario: Scenario) -> dict[str, np.ndarray]:
     assert scenario.base is not None and scenario.base_hits is not None
     views = _views(scenario)
     finest = min(view.granularity for view in views.values())
-    rows = reached_rows(scenario.base, scenario.workload, finest, scenario.servers)
-    if len(rows) > SUBSET_MAX_SHARE * scenario.workload.n_requests:
+    log, base, servers = scenario.log, scenario.base, scenario.servers
+    if isinstance(log, EditedLog) and log.base is base:  # the edited requests alone are built
+        edited = log.edited_rows
+        rows = rows_reached(base, edited, log.select(edited), finest, servers)
+    else:
+        rows = reached_rows(base, scenario.workload, finest, servers)
+    if len(rows) > SUBSET_MAX_SHARE * log.n_requests:
         return _trie_replays([replace(scenario, base=None, base_hits=None)])[0]
     part = Scenario(
-        scenario.workload.select(rows),
+        log.select(rows) if isinstance(log, EditedLog) else scenario.workload.select(rows),
         scenario.settings,
         scenario.engines,
-        None if scenario.servers is None else scenario.servers[rows],
+        None if servers is None else servers[rows],
     )
     replayed = _trie_replays([part])[0] if len(rows) else {}
     results = {}
@@ -185,25 +198,25 @@ def _reached_replay(scenario: Scenario) -> dict[str, np.ndarray]:
 
 def _engine_replays(scenarios: Sequence[Scenario]) -> list[dict[str, np.ndarray]]:
     """Replays through the cache models, in forked processes when the log is big."""
-    tokens = sum(int(s.workload.prompt_offsets[-1]) for s in scenarios)
+    tokens = sum(s.log.prompt_token_count for s in scenarios)
     workers = min(len(scenarios), os.cpu_count() or 1)
     if workers < 2 or tokens < PARALLEL_MIN_TOKENS or "fork" not in _start_methods():
         return [_model_replay(s) for s in scenarios]
-    weights = [int(s.workload.prompt_offsets[-1]) for s in scenarios]
+    weights = [s.log.prompt_token_count for s in scenarios]
     return forked_map(lambda i: _model_replay(scenarios[i]), weights, workers)
 
 
 def gains(
-    before: Workload,
+    before: Workload | EditedLog,
     before_hits: dict[str, np.ndarray],
-    after: Workload,
+    after: Workload | EditedLog,
     after_hits: dict[str, np.ndarray],
 ) -> dict[str, Gain]:
     return {
         engine: Gain(
-            prompt_tokens_before=int(before.prompt_offsets[-1]),
+            prompt_tokens_before=before.prompt_token_count,
             hit_tokens_before=int(before_hits[engine].sum()),
-            prompt_tokens_after=int(after.prompt_offsets[-1]),
+            prompt_tokens_after=after.prompt_token_count,
             hit_tokens_after=int(after_hits[engine].sum()),
         )
         for engine in after_hits
