@@ -57,22 +57,43 @@ def _thresholds(items, offsets, lookup, peak, extra, last):
     for r in range(n_requests):
         first, stop = offsets[r], offsets[r + 1]
         running = np.int64(0)
+        # A prefix's blocks were released together, deepest first, so their release times
+        # mostly fall one below the other: the count up to a time is then the previous one's
+        # less the markers between them, read from one word instead of the tree.
+        previous = np.int64(-1)  # the previous lookup's release time (-1: none)
+        counted = np.int64(0)  # markers at times <= previous
         for j in range(min(lookup[r], stop - first)):
             item = items[first + j]
-            if last[item] < 0:  # never released: no threshold for it or the blocks after it
+            time = np.int64(last[item])
+            if time < 0:  # never released: no threshold for it or the blocks after it
                 break
-            distance = n_marked - _marked_up_to(marks, last[item])  # releases more recent
+            word = time >> 6
+            if 0 <= time < previous and word == previous >> 6:
+                counted -= _marked_between(marks[0][word], time & 63, previous & 63)
+            else:
+                counted = _marked_up_to(marks, time)
+            previous = time
+            distance = n_marked - counted  # releases more recent
             running = max(running, distance + extra[r] + 1, peak[r])
             out[size] = running
             size += 1
         # Release, deepest first, at consecutive times: each marker's bit is set at once, its
         # word's count added to the tree once per word (nothing reads the tree until the next
-        # request's lookups; the markers taken away are all older than this request's).
+        # request's lookups; the markers taken away are all older than this request's, and
+        # mostly run word by word too, so they leave the tree a word at a time as well).
         pending = 0
+        unmarked_word = -1
+        unmarked = 0
         for j in range(stop - 1, first - 1, -1):
             item = items[j]
             if last[item] >= 0:
-                _unmark(marks, last[item])
+                word = last[item] >> 6
+                marks[0][word] &= ~(np.uint64(1) << np.uint64(last[item] & 63))
+                if word != unmarked_word:
+                    if unmarked:
+                        _add(marks[1], unmarked_word, -unmarked)
+                    unmarked_word, unmarked = word, 0
+                unmarked += 1
             else:
                 n_marked += 1
             last[item] = clock
@@ -82,6 +103,8 @@ def _thresholds(items, offsets, lookup, peak, extra, last):
                 _add(marks[1], clock >> 6, pending)
                 pending = 0
             clock += 1
+        if unmarked:
+            _add(marks[1], unmarked_word, -unmarked)
     return out[:size]
 
 
@@ -97,19 +120,25 @@ def _new_marks(n_times):
 
 
 @njit(cache=True, inline="always")
-def _unmark(marks, time):
-    bits, fenwick = marks
-    bits[time >> 6] &= ~(np.uint64(1) << np.uint64(time & 63))
-    _add(fenwick, time >> 6, -1)
-
-
-@njit(cache=True, inline="always")
 def _marked_up_to(marks, time):
     """Markers at times <= time."""
     bits, fenwick = marks
     word = time >> 6
-    low = bits[word] & (np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(63 - (time & 63)))
+    low = bits[word] & _up_to(time & 63)
     return _prefix(fenwick, word) + _popcount(low)
+
+
+@njit(cache=True, inline="always")
+def _marked_between(word_bits, low, high):
+    """Markers of one word at bit positions in (low, high], 0 <= low < high <= 63."""
+    above_low = np.uint64(0xFFFFFFFFFFFFFFFF) << np.uint64(low + 1)
+    return _popcount(word_bits & above_low & _up_to(high))
+
+
+@njit(cache=True, inline="always")
+def _up_to(bit):
+    """The mask of bit positions <= bit."""
+    return np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(63 - bit)
 
 
 @njit(cache=True, inline="always")

@@ -212,6 +212,33 @@ def test_thresholds_are_the_stack_distances(seed: int) -> None:
     assert hit_thresholds(stream, held_back).tolist() == reference_thresholds(stream, held_back)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_thresholds_of_prefix_streams_are_the_stack_distances(seed: int) -> None:
+    """Streams as logs make them, each request an earlier one's blocks and then new ones (the
+    release times of a prefix fall one below the other, within a word and across words: the
+    kernel's short count between them), against the definition."""
+    rng = np.random.default_rng(50 + seed)
+    requests: list[list[int]] = []
+    n_items = 0
+    for _ in range(int(rng.integers(40, 90))):
+        head = requests[int(rng.integers(len(requests)))] if requests and rng.random() < 0.8 else []
+        head = head[: int(rng.integers(0, len(head) + 1))]
+        new = int(rng.integers(0, 90))
+        requests.append(head + list(range(n_items, n_items + new)))
+        n_items += new
+    lengths = np.array([len(r) for r in requests])
+    stream = BlockStream(
+        items=np.array([i for r in requests for i in r], np.int64),
+        offsets=np.r_[0, np.cumsum(lengths)].astype(np.int64),
+        lookup=np.maximum(lengths - rng.integers(0, 3, len(lengths)), 0).astype(np.int64),
+        peak=rng.integers(0, 20, len(lengths)).astype(np.int64),
+        n_items=max(n_items, 1),
+        block_size=1,
+    )
+    held_back = rng.integers(0, 2, len(lengths)).astype(np.int64)
+    assert hit_thresholds(stream, held_back).tolist() == reference_thresholds(stream, held_back)
+
+
 def brute_force_optimum(stream: BlockStream, capacity: int) -> int:
     """The most counted hits of any keep/drop schedule (exhaustive; tiny streams only)."""
     accesses = []
