@@ -128,7 +128,12 @@ def test_an_edited_log_builds_and_replays_only_what_its_edits_reach(
     log = EditedLog(base, edits)
     whole = apply_edits(base, edits)
     assert log.prompt_token_count == whole.prompt_token_count
-    np.testing.assert_array_equal(log.edited_rows, np.flatnonzero(edited_rows(base, whole)))
+    changed_rows, changed = log.changed
+    np.testing.assert_array_equal(changed_rows, np.flatnonzero(edited_rows(base, whole)))
+    for name, column in asdict(changed).items():
+        np.testing.assert_array_equal(
+            column, asdict(whole.select(changed_rows))[name], err_msg=name
+        )
     picked = np.sort(rng.choice(n, 30, replace=False))
     for name, column in asdict(log.select(picked)).items():
         np.testing.assert_array_equal(column, asdict(whole.select(picked))[name], err_msg=name)

@@ -76,16 +76,18 @@ class EditedLog:
         return self.base.prompt_token_count + int((self.edits.insert - self.edits.delete).sum())
 
     @cached_property
-    def edited_rows(self) -> np.ndarray:
-        """The requests (ascending) whose prompts the edits change: a request with edits that
-        leave its tokens as they were is not one."""
+    def changed(self) -> tuple[np.ndarray, Workload]:
+        """The requests (ascending) whose prompts the edits change, and those requests edited (a
+        request with edits that leave its tokens as they were is not one)."""
         rows = np.unique(self.edits.request)
         before = self.base.select(rows)
         after = self._edited(before, rows)
         differ = tokens_differ(
             before.prompt_tokens, before.prompt_offsets, after.prompt_tokens, after.prompt_offsets
         )
-        return rows[differ]
+        if differ.all():
+            return rows, after
+        return rows[differ], after.select(np.flatnonzero(differ))
 
     def select(self, rows: np.ndarray) -> Workload:
         """The edited log's requests at ``rows`` (ascending, distinct), as

@@ -40,12 +40,25 @@ def rows_reached(
     if not len(rows):
         return np.zeros(0, np.int64)
     server_ids = _server_ids(servers, base.n_requests)
-    before = _group_keys(base, granularity, server_ids, np.arange(base.n_requests))
+    before = _base_keys(base, granularity, servers, server_ids)
     after = before.copy()
     after[rows] = _group_keys(changed, granularity, server_ids[rows], rows)
     # the groups an edited request leaves and joins; an unedited request keeps its group
     touched = np.union1d(before[rows], after[rows])
     return np.flatnonzero(np.isin(after, touched))
+
+
+def _base_keys(
+    base: Workload, granularity: int, servers: np.ndarray | None, server_ids: np.ndarray
+) -> np.ndarray:
+    """``base``'s group keys; on one server, made once per base and granularity (kept on it, as
+    a cached property is: the fixes measured on one log share them; read only)."""
+    if servers is not None:
+        return _group_keys(base, granularity, server_ids, np.arange(base.n_requests))
+    kept = base.__dict__.setdefault("_group_keys", {})
+    if granularity not in kept:
+        kept[granularity] = _group_keys(base, granularity, server_ids, np.arange(base.n_requests))
+    return kept[granularity]
 
 
 def edited_rows(base: Workload, changed: Workload) -> np.ndarray:

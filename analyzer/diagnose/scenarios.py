@@ -174,8 +174,7 @@ def _reached_replay(scenario: Scenario) -> dict[str, np.ndarray]:
     finest = min(view.granularity for view in views.values())
     log, base, servers = scenario.log, scenario.base, scenario.servers
     if isinstance(log, EditedLog) and log.base is base:  # the edited requests alone are built
-        edited = log.edited_rows
-        rows = rows_reached(base, edited, log.select(edited), finest, servers)
+        rows = rows_reached(base, *log.changed, finest, servers)
     else:
         rows = reached_rows(base, scenario.workload, finest, servers)
     if len(rows) > SUBSET_MAX_SHARE * log.n_requests:
