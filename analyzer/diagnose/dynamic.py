@@ -177,11 +177,8 @@ def _without(sites: list[Site], spans: Spans, dropped: list[int]) -> tuple[list[
 def _find_sites(trie: TrieNodes, min_static: int) -> list[tuple[int, np.ndarray]]:
     """(node, anchor) of each dynamic site, shallowest first, none inside another's value."""
     count = trie.count
-    kids = np.flatnonzero((trie.parent > 0) & (count > 0))
-    kids = kids[np.lexsort((-count[kids], trie.parent[kids]))]  # by parent, heaviest first
-    first_kid = np.searchsorted(trie.parent[kids], np.arange(trie.n_nodes + 1))
+    kids, first_kid, heaviest = _kids(trie.parent, count)  # by parent, then node
     n_kids = np.diff(first_kid)
-    heaviest = np.where(n_kids > 0, kids[np.minimum(first_kid[:-1], len(kids) - 1)], -1)
     heaviest_count = np.where(heaviest >= 0, count[np.maximum(heaviest, 0)], 0)
     split_away = count - heaviest_count
     candidates = np.flatnonzero((count >= MIN_SITE_REQUESTS) & (n_kids >= 2) & (split_away >= 2))
@@ -193,7 +190,8 @@ def _find_sites(trie: TrieNodes, min_static: int) -> list[tuple[int, np.ndarray]
     for node in candidates:
         if any(_descends(trie, int(node), site, end) for site, end in reach):
             continue
-        children = kids[first_kid[node] : first_kid[node + 1]][:MAX_CHILDREN]
+        children = kids[first_kid[node] : first_kid[node + 1]]
+        children = children[np.argsort(-count[children], kind="stable")][:MAX_CHILDREN]
         windows = _windows(trie.start, trie.length, trie.store, heaviest, children, width)
         found = _anchor(windows, count[children], int(count[node]), min_static)
         if found is not None:
@@ -255,6 +253,32 @@ def _anchor(
     if np.count_nonzero(agree) < 2:
         return None
     return reference[:ANCHOR_TOKENS].astype(np.int32), int(at[agree].max())
+
+
+@njit(cache=True)
+def _kids(parent, count):
+    """The nodes with prompts through them (count > 0) under a parent (> 0), grouped by parent
+    in node order (``first_kid[p]`` on: a counting sort), and each parent's heaviest such child
+    (the first of the largest count; -1: none)."""
+    n = len(parent)
+    first_kid = np.zeros(n + 1, np.int64)
+    heaviest = np.full(n, -1, np.int64)
+    for node in range(n):
+        p = parent[node]
+        if p > 0 and count[node] > 0:
+            first_kid[p + 1] += 1
+            if heaviest[p] < 0 or count[node] > count[heaviest[p]]:
+                heaviest[p] = node
+    for p in range(n):
+        first_kid[p + 1] += first_kid[p]
+    kids = np.empty(first_kid[n], np.int64)
+    filled = first_kid[:-1].copy()
+    for node in range(n):
+        p = parent[node]
+        if p > 0 and count[node] > 0:
+            kids[filled[p]] = node
+            filled[p] += 1
+    return kids, first_kid, heaviest
 
 
 @njit(cache=True)
