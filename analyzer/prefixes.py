@@ -82,6 +82,31 @@ def shared_prefixes(
     Columnar throughout: the trie holds each distinct token once, so this scales with the
     distinct prefixes, not with the log.
     """
+    candidates, beyond = _ranked(trie, min_requests, min_extension)
+    count = trie.count
+    return [
+        SharedPrefix(
+            node=int(node),
+            length=int(trie.depth[node]),
+            requests=int(count[node]),
+            namespace=int(trie.namespace[node]),
+            first_request=int(trie.first_request[node]),
+            shared_beyond_parent=int(extra),
+            tokens=trie.tokens(int(node)),
+        )
+        for node, extra in zip(candidates[:top], beyond[:top], strict=True)
+    ]
+
+
+def _ranked(
+    trie: TrieNodes, min_requests: int, min_extension: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every qualifying prefix's node, best first, and the tokens it adds to its nearest
+    qualifying ancestor. Made once per trie and arguments (kept on it, as a cached property is:
+    the report and the diagnosis each ask for their top; read only)."""
+    kept = trie.__dict__.setdefault("_shared_prefixes", {})
+    if (min_requests, min_extension) in kept:
+        return kept[min_requests, min_extension]
     count = trie.count
     best_child = np.zeros(trie.n_nodes, np.int64)
     np.maximum.at(best_child, trie.parent[1:], count[1:])
@@ -92,19 +117,9 @@ def shared_prefixes(
     beyond = trie.depth[candidates] - trie.depth[ancestor[candidates]]
     candidates, beyond = candidates[beyond >= min_extension], beyond[beyond >= min_extension]
     score = beyond * (count[candidates] - 1)
-    ranked = np.lexsort((candidates, -score))[:top]
-    return [
-        SharedPrefix(
-            node=int(candidates[i]),
-            length=int(trie.depth[candidates[i]]),
-            requests=int(count[candidates[i]]),
-            namespace=int(trie.namespace[candidates[i]]),
-            first_request=int(trie.first_request[candidates[i]]),
-            shared_beyond_parent=int(beyond[i]),
-            tokens=trie.tokens(int(candidates[i])),
-        )
-        for i in ranked
-    ]
+    ranked = np.lexsort((candidates, -score))
+    kept[min_requests, min_extension] = candidates[ranked], beyond[ranked]
+    return kept[min_requests, min_extension]
 
 
 def _nearest_qualifying_ancestor(parent: np.ndarray, qualifies: np.ndarray) -> np.ndarray:
