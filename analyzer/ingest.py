@@ -4,12 +4,13 @@ whole or chunk by chunk (a log of billions of tokens never has to be in memory a
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from analyzer.chat import ChatRenderer, chat_renderer
@@ -17,13 +18,14 @@ from analyzer.errors import PrefixcheckError, SkipLog
 from analyzer.loaders import LoadResult, iter_records
 from analyzer.loaders.mapped import FieldMap
 from analyzer.progress import Progress
-from analyzer.records import Record
+from analyzer.records import Record, RecordList, TokenLines
 from analyzer.report import SkipSummary
 from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer, load_tokenizer
 from analyzer.workload import (
     ChunkState,
     TokenizedLog,
+    build_lines_workload,
     build_run_workload,
     build_workload,
     hash_trace_of,
@@ -68,7 +70,7 @@ class Ingested:
 class Chunk:
     """Some consecutive requests: as read, and tokenized."""
 
-    records: list[Record]
+    records: Sequence[Record]  # a RecordList where the lines were read as TokenLines
     tokenized: TokenizedLog
 
 
@@ -87,6 +89,12 @@ class ChunkedIngest:
 
     def records(self) -> Iterator[Record]:
         """The requests of the inputs, as they are read (the loaders' order)."""
+        for item in self.items(columns=False):
+            assert isinstance(item, Record)
+            yield item
+
+    def items(self, columns: bool = True) -> Iterator[Record | TokenLines]:
+        """``records()``, with plain pre-tokenized lines as TokenLines (``columns``)."""
         return iter_records(
             self.paths,
             self.options.format,
@@ -94,17 +102,23 @@ class ChunkedIngest:
             strict=self.options.strict,
             hash_block_size=self.options.hash_block_size,
             fields=self.options.fields,
+            columns=columns,
         )
 
+    def _read(self) -> Iterator[Record | TokenLines]:
+        """What ``chunks`` cuts: ``items()``, or ``records()`` where a subclass reads its own."""
+        overridden = type(self).records is not ChunkedIngest.records
+        return self.records() if overridden else self.items()
+
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
-        records = self.records()
+        records = self._read()
         chunk = self.options.hash_runs
         if chunk is not None:
             first = next(records, None)
             records = chain([] if first is None else [first], records)
-            blocks = None if first is None else first.hash_blocks
+            blocks = first.hash_blocks if isinstance(first, Record) else None
             if blocks is not None and chunk % blocks.block_size == 0:
-                read = list(records)  # its ids: a few bytes per block
+                read = _as_records(records)  # its ids: a few bytes per block
                 sizes = {None if r.hash_blocks is None else r.hash_blocks.block_size for r in read}
                 if sizes == {blocks.block_size}:
                     yield from self._run_chunks(read, chunk_records, chunk)
@@ -112,18 +126,35 @@ class ChunkedIngest:
                 records = iter(read)  # mixed formats or block sizes: all of it as tokens
         meter = self.loaded.meter
         done, requests = 0, 0  # bytes and requests of the chunks processed so far
-        while batch := _take(records, chunk_records, self._reading(done, requests)):
+        pending = _Pending(records)
+        while taken := _take(pending, chunk_records, self._reading(done, requests)):
             read = meter.position()
-            requests += len(batch)
-            chunk_progress = _ChunkProgress(self.progress, meter.total, done, read, requests)
+            requests += sum(len(item) if isinstance(item, TokenLines) else 1 for item in taken)
             if self.tokenizer is None and (
                 self.options.tokenizer
-                or any(r.messages is not None or r.prompt is not None for r in batch)
+                or any(
+                    isinstance(r, Record) and (r.messages is not None or r.prompt is not None)
+                    for r in taken
+                )
             ):
                 self.tokenizer = load_tokenizer(
                     self.options.tokenizer, fast=self.options.fast_tokenizer
                 )
                 self.renderer = None
+            if all(isinstance(item, TokenLines) for item in taken):  # no Record: their columns
+                lines: list[TokenLines] = taken  # type: ignore[assignment]
+                tokenized = build_lines_workload(
+                    lines,
+                    self.state,
+                    routing_fields=self.options.fields.routing if self.options.fields else (),
+                )
+                done = read
+                self.report("reading", requests)
+                gc.freeze()
+                yield Chunk(RecordList(lines), tokenized)
+                continue
+            batch = _as_records(taken)
+            chunk_progress = _ChunkProgress(self.progress, meter.total, done, read, requests)
             tokenized = build_workload(
                 batch,
                 self.tokenizer or load_tokenizer(None),
@@ -208,25 +239,69 @@ class ChunkedIngest:
             raise PrefixcheckError(
                 f"no requests in the input ({summary.count} lines skipped{detail})"
             )
-        self.loaded.records = [r for c in chunks for r in c.records]
+        self.loaded.records = RecordList([part for c in chunks for part in _parts(c.records)])
         return Ingested(self.loaded, merge(chunks, self.state), self.tokenizer, self._renderer())
 
 
+class _Pending:
+    """The items still to be cut into chunks: the rest of a TokenLines cut in two comes first."""
+
+    def __init__(self, items: Iterator[Record | TokenLines]) -> None:
+        self.items = items
+        self.held: Record | TokenLines | None = None
+
+    def next(self) -> Record | TokenLines | None:
+        item, self.held = self.held, None
+        return item if item is not None else next(self.items, None)
+
+
 def _take(
-    records: Iterator[Record], limit: int, reading: Callable[[int], None] | None = None
-) -> list[Record]:
-    """The next records, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens;
-    ``reading(count)`` is told at the first record and every PROGRESS_EVERY records after."""
-    batch: list[Record] = []
-    tokens = 0
-    for record in islice(records, limit):
-        batch.append(record)
-        tokens += _estimated_tokens(record)
-        if reading is not None and len(batch) % PROGRESS_EVERY == 1:
-            reading(len(batch))
+    items: _Pending | Iterator[Record],
+    limit: int,
+    reading: Callable[[int], None] | None = None,
+) -> list[Record | TokenLines]:
+    """The next requests, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens (the
+    lines of a TokenLines counted one by one, as Records); ``reading(count)`` is told at the
+    first request and every PROGRESS_EVERY requests after."""
+    pending = items if isinstance(items, _Pending) else _Pending(items)
+    batch: list[Record | TokenLines] = []
+    count = tokens = 0
+    while count < limit and (item := pending.next()) is not None:
+        if isinstance(item, TokenLines):
+            # the lines up to the limit, and up to the first that reaches CHUNK_TOKENS
+            reached = tokens + np.cumsum(item.prompt_lengths[: limit - count])
+            stop = min(len(reached), int(np.searchsorted(reached, CHUNK_TOKENS)) + 1)
+            if stop < len(item):
+                pending.held = item.slice(stop, len(item))
+                item = item.slice(0, stop)
+            shown = (count + PROGRESS_EVERY - 1) // PROGRESS_EVERY * PROGRESS_EVERY + 1
+            count, tokens = count + len(item), int(reached[stop - 1])
+            batch.append(item)
+            if reading is not None and shown <= count:
+                reading(count)
+        else:
+            batch.append(item)
+            count += 1
+            tokens += _estimated_tokens(item)
+            if reading is not None and count % PROGRESS_EVERY == 1:
+                reading(count)
         if tokens >= CHUNK_TOKENS:
             break
     return batch
+
+
+def _as_records(items: Iterable[Record | TokenLines]) -> list[Record]:
+    """The items' Records, TokenLines read into theirs."""
+    return [
+        record
+        for item in items
+        for record in (item.records() if isinstance(item, TokenLines) else (item,))
+    ]
+
+
+def _parts(records: Sequence[Record]) -> Sequence[Sequence[Record] | TokenLines]:
+    """A chunk's records as RecordList parts."""
+    return records.parts if isinstance(records, RecordList) else [records]
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -68,3 +69,108 @@ class Record:
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None  # None: as the engine does for a chat / a prompt
+
+
+@dataclass(frozen=True)
+class TokenLines:
+    """Consecutive plain pre-tokenized lines of one file as columns: what their Records hold
+    (``loaders.token_ids.plain_lines``, the compiled reader), without an object per line.
+    ``records()`` gives those Records; ``workload.build_lines_workload`` reads the columns."""
+
+    file: str
+    lines: np.ndarray  # int64: each line's number
+    prompt_ids: np.ndarray  # int32, flat
+    prompt_offsets: np.ndarray  # int64, one more than lines
+    output_ids: np.ndarray  # int32, flat; an empty answer is none given
+    output_offsets: np.ndarray
+    finish_reason: list[str | None]
+    cache_salt: list[str | None]  # as a Record holds them: an empty salt or LoRA is None
+    lora: list[str | None]
+    model: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        return np.diff(self.prompt_offsets)
+
+    def slice(self, start: int, stop: int) -> TokenLines:
+        """Lines ``start`` to ``stop`` (their ids are views)."""
+        p, o = self.prompt_offsets, self.output_offsets
+        return TokenLines(
+            self.file,
+            self.lines[start:stop],
+            self.prompt_ids[p[start] : p[stop]],
+            p[start : stop + 1] - p[start],
+            self.output_ids[o[start] : o[stop]],
+            o[start : stop + 1] - o[start],
+            self.finish_reason[start:stop],
+            self.cache_salt[start:stop],
+            self.lora[start:stop],
+            self.model[start:stop],
+        )
+
+    def records(self, with_ids: bool = True) -> list[Record]:
+        """The lines' Records (``with_ids`` False: without their ids, as a Record is once the
+        workload holds them)."""
+        p, o = self.prompt_offsets.tolist(), self.output_offsets.tolist()
+        out = []
+        for i, line in enumerate(self.lines.tolist()):
+            answer = with_ids and o[i + 1] > o[i]
+            out.append(
+                Record(
+                    file=self.file,
+                    line=line,
+                    prompt_token_ids=self.prompt_ids[p[i] : p[i + 1]] if with_ids else None,
+                    output_token_ids=self.output_ids[o[i] : o[i + 1]] if answer else None,
+                    finish_reason=self.finish_reason[i],
+                    cache_salt=self.cache_salt[i],
+                    lora=self.lora[i],
+                    model=self.model[i],
+                )
+            )
+        return out
+
+
+class RecordList(Sequence[Record]):
+    """Records held as lists and as TokenLines (whose Records are made, without ids, as they
+    are read): a log's requests without an object per plain pre-tokenized line."""
+
+    def __init__(self, parts: Sequence[Sequence[Record] | TokenLines]) -> None:
+        self.parts = [part for part in parts if len(part)]
+        self._starts = np.cumsum([0, *(len(part) for part in self.parts)])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __iter__(self) -> Iterator[Record]:
+        for part in self.parts:
+            yield from part.records(with_ids=False) if isinstance(part, TokenLines) else part
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Record]: ...
+    def __getitem__(self, index: int | slice) -> Record | list[Record]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        k = int(np.searchsorted(self._starts, index, side="right")) - 1
+        part = self.parts[k]
+        at = index - int(self._starts[k])
+        if isinstance(part, TokenLines):
+            return part.slice(at, at + 1).records(with_ids=False)[0]
+        return part[at]
+
+
+def any_messages(records: Sequence[Record]) -> bool:
+    """Whether any request is a chat, without making a RecordList's Records (TokenLines never
+    are)."""
+    if isinstance(records, RecordList):
+        return any(
+            r.messages for part in records.parts if not isinstance(part, TokenLines) for r in part
+        )
+    return any(r.messages for r in records)

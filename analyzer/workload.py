@@ -14,7 +14,7 @@ from analyzer.errors import BadLine, PrefixcheckError, Skip, SkipLog, StrictMode
 from analyzer.loaders.guard import check_unicode, unexpected
 from analyzer.loaders.hash_trace import expanded
 from analyzer.progress import NoProgress, Progress
-from analyzer.records import Record
+from analyzer.records import Record, TokenLines
 from analyzer.token_cache import CacheStats, cached_ids, encode_texts, store_ids
 from analyzer.tokenizer import Tokenizer
 from cache_models.hash_runs import HashTrace
@@ -203,6 +203,75 @@ def build_workload(
     )
 
 
+def build_lines_workload(
+    pieces: Sequence[TokenLines], chunk_state: ChunkState, routing_fields: Sequence[str] = ()
+) -> TokenizedLog:
+    """``build_workload`` of the pieces' Records, from their columns: the same workload, rows,
+    namespaces and unknown answer ids (a line without answer ids gets one unknown token), with
+    no object per line. Plain lines have no time, priority or other cache field."""
+    prompts = np.concatenate([piece.prompt_ids for piece in pieces])
+    answers = np.concatenate([piece.output_ids for piece in pieces])
+    prompt_lengths = np.concatenate([piece.prompt_lengths for piece in pieces])
+    answer_lengths = np.concatenate([np.diff(piece.output_offsets) for piece in pieces])
+    known = answer_lengths > 0
+    output_lengths = np.where(known, answer_lengths, 1)
+    outputs = np.empty(int(output_lengths.sum()), np.int32)
+    given = np.repeat(known, output_lengths)
+    outputs[given] = answers
+    unknown = len(known) - int(known.sum())
+    first = chunk_state.next_unknown
+    outputs[~given] = np.arange(first, first - unknown, -1, dtype=np.int32)
+    chunk_state.next_unknown = first - unknown
+    column = {
+        name: [value for piece in pieces for value in getattr(piece, name)]
+        for name in ("model", "cache_salt", "lora", "finish_reason")
+    }
+    ids = chunk_state.namespace_ids
+    chunk_state.models.update(model or "" for model in column["model"])
+    namespace = np.array(
+        [
+            ids.setdefault((model or "", salt or "", lora or "", ""), len(ids))
+            for model, salt, lora in zip(
+                column["model"], column["cache_salt"], column["lora"], strict=True
+            )
+        ],
+        np.int32,
+    )
+    n = len(known)
+    workload = Workload(
+        prompt_tokens=prompts,
+        prompt_offsets=offsets_of(prompt_lengths),
+        output_tokens=outputs,
+        output_offsets=offsets_of(output_lengths),
+        namespace=namespace,
+        stop_finish=np.array([_is_stop(f) for f in column["finish_reason"]], bool),
+    )
+    nulls = [None] * n
+    requests = _frame(
+        {
+            "file": [piece.file for piece in pieces for _ in range(len(piece))],
+            "line": np.concatenate([piece.lines for piece in pieces]),
+            **column,
+            "arrival_s": nulls,
+            "tenant": nulls,
+            "server_cached_tokens": nulls,
+            "server_prompt_tokens": nulls,
+        },
+        workload.prompt_lengths,
+        workload.output_lengths,
+        known.tolist(),
+        {path: nulls for path in routing_fields},
+    )
+    return TokenizedLog(
+        workload=workload,
+        requests=requests,
+        skips=SkipLog(),
+        namespace_labels=chunk_state.labels(),
+        from_text=False,
+        assumed_stop_finish=column["finish_reason"].count(None),
+    )
+
+
 def build_run_workload(
     records: Sequence[Record],
     trace: HashTrace,
@@ -274,27 +343,48 @@ def _requests_frame(
     routing_fields: Sequence[str],
 ) -> pl.DataFrame:
     """The metadata row of each request (input order)."""
+    return _frame(
+        {name: [getattr(r, name) for r in kept] for name in RECORD_COLUMNS},
+        prompt_tokens,
+        output_tokens,
+        output_known,
+        {path: [(r.routing or {}).get(path) for r in kept] for path in routing_fields},
+    )
+
+
+RECORD_COLUMNS = (
+    "file",
+    "line",
+    "model",
+    "cache_salt",
+    "lora",
+    "finish_reason",
+    "arrival_s",
+    "tenant",
+    "server_cached_tokens",
+    "server_prompt_tokens",
+)
+
+
+def _frame(
+    columns: dict[str, Sequence],
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    output_known: Sequence[bool],
+    routing: dict[str, Sequence[str | None]],
+) -> pl.DataFrame:
+    """The requests frame of the records' ``RECORD_COLUMNS``, their lengths and ``routing``
+    (each routing field's values, by path)."""
     return pl.DataFrame(
-        {
-            "file": [r.file for r in kept],
-            "line": [r.line for r in kept],
-            "model": [r.model for r in kept],
-            "cache_salt": [r.cache_salt for r in kept],
-            "lora": [r.lora for r in kept],
-            "finish_reason": [r.finish_reason for r in kept],
-            "arrival_s": [r.arrival_s for r in kept],
-            "tenant": [r.tenant for r in kept],
-            "server_cached_tokens": [r.server_cached_tokens for r in kept],
-            "server_prompt_tokens": [r.server_prompt_tokens for r in kept],
+        dict(columns)
+        | {
             "prompt_tokens": prompt_tokens,
             "output_tokens": output_tokens,
             "output_known": list(output_known),
         }
         | {
-            routing_column(path): pl.Series(
-                [(r.routing or {}).get(path) for r in kept], dtype=pl.String
-            )
-            for path in routing_fields
+            routing_column(path): pl.Series(values, dtype=pl.String)
+            for path, values in routing.items()
         },
         schema_overrides={
             "arrival_s": pl.Float64,
