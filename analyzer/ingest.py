@@ -18,7 +18,7 @@ from analyzer.errors import PrefixcheckError, SkipLog
 from analyzer.loaders import LoadResult, iter_records
 from analyzer.loaders.mapped import FieldMap
 from analyzer.progress import Progress
-from analyzer.records import Record, RecordList, TokenLines
+from analyzer.records import Columns, HashLines, Record, RecordList, TokenLines
 from analyzer.report import SkipSummary
 from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer, load_tokenizer
@@ -70,7 +70,7 @@ class Ingested:
 class Chunk:
     """Some consecutive requests: as read, and tokenized."""
 
-    records: Sequence[Record]  # a RecordList where the lines were read as TokenLines
+    records: Sequence[Record]  # a RecordList where the lines were read as Columns
     tokenized: TokenizedLog
 
 
@@ -93,8 +93,8 @@ class ChunkedIngest:
             assert isinstance(item, Record)
             yield item
 
-    def items(self, columns: bool = True) -> Iterator[Record | TokenLines]:
-        """``records()``, with plain pre-tokenized lines as TokenLines (``columns``)."""
+    def items(self, columns: bool = True) -> Iterator[Record | Columns]:
+        """``records()``, with plain pre-tokenized and Mooncake lines as Columns (``columns``)."""
         return iter_records(
             self.paths,
             self.options.format,
@@ -105,7 +105,7 @@ class ChunkedIngest:
             columns=columns,
         )
 
-    def _read(self) -> Iterator[Record | TokenLines]:
+    def _read(self) -> Iterator[Record | Columns]:
         """What ``chunks`` cuts: ``items()``, or ``records()`` where a subclass reads its own."""
         overridden = type(self).records is not ChunkedIngest.records
         return self.records() if overridden else self.items()
@@ -116,11 +116,10 @@ class ChunkedIngest:
         if chunk is not None:
             first = next(records, None)
             records = chain([] if first is None else [first], records)
-            blocks = first.hash_blocks if isinstance(first, Record) else None
-            if blocks is not None and chunk % blocks.block_size == 0:
-                read = _as_records(records)  # its ids: a few bytes per block
-                sizes = {None if r.hash_blocks is None else r.hash_blocks.block_size for r in read}
-                if sizes == {blocks.block_size}:
+            size = None if first is None else _block_size(first)
+            if size is not None and chunk % size == 0:
+                read = list(records)  # its ids: a few bytes per block
+                if {_block_size(item) for item in read} == {size}:
                     yield from self._run_chunks(read, chunk_records, chunk)
                     return
                 records = iter(read)  # mixed formats or block sizes: all of it as tokens
@@ -129,7 +128,7 @@ class ChunkedIngest:
         pending = _Pending(records)
         while taken := _take(pending, chunk_records, self._reading(done, requests)):
             read = meter.position()
-            requests += sum(len(item) if isinstance(item, TokenLines) else 1 for item in taken)
+            requests += _count(taken)
             if self.tokenizer is None and (
                 self.options.tokenizer
                 or any(
@@ -175,20 +174,22 @@ class ChunkedIngest:
             gc.freeze()
             yield Chunk(batch, tokenized)
 
-    def _run_chunks(self, read: list[Record], chunk_records: int, chunk: int) -> Iterator[Chunk]:
+    def _run_chunks(
+        self, read: list[Record | Columns], chunk_records: int, chunk: int
+    ) -> Iterator[Chunk]:
         """A hash-id trace as runs: every line read first (the runs of an id are cut where any
         request holding it needs a boundary, SGLang's prefill chunks of ``chunk`` tokens
         included), then chunks of runs. A chunk size that is not a multiple of the trace's
         block takes the tokens (its cuts could land at any offset of a block)."""
-        self.report("reading", len(read))
+        self.report("reading", _count(read))
         trace = hash_trace_of(read)
         # The whole trace as runs, then a view per chunk (its unknown ids are those of chunk
         # by chunk passes: numbered in request order).
         _, runs, self.state.next_unknown = trace_runs(trace, chunk, self.state.next_unknown)
         requests, start = 0, 0
-        batches = iter(read)
+        batches = _Pending(iter(read))
         while batch := _take(batches, chunk_records):
-            stop = start + len(batch)
+            stop = start + _count(batch)
             tokenized = build_run_workload(
                 batch,
                 trace.select(slice(start, stop)),
@@ -197,9 +198,9 @@ class ChunkedIngest:
                 routing_fields=self.options.fields.routing if self.options.fields else (),
             )
             start = stop
-            requests += len(batch)
+            requests += _count(batch)
             self.report("reading", requests)
-            yield Chunk(batch, tokenized)
+            yield Chunk(_record_list(batch), tokenized)
 
     def report(self, step: str, requests: int | None = None) -> None:
         """Tell the progress sink that the chunks so far are at ``step`` (replaying...)."""
@@ -244,13 +245,13 @@ class ChunkedIngest:
 
 
 class _Pending:
-    """The items still to be cut into chunks: the rest of a TokenLines cut in two comes first."""
+    """The items still to be cut into chunks: the rest of Columns cut in two comes first."""
 
-    def __init__(self, items: Iterator[Record | TokenLines]) -> None:
+    def __init__(self, items: Iterator[Record | Columns]) -> None:
         self.items = items
-        self.held: Record | TokenLines | None = None
+        self.held: Record | Columns | None = None
 
-    def next(self) -> Record | TokenLines | None:
+    def next(self) -> Record | Columns | None:
         item, self.held = self.held, None
         return item if item is not None else next(self.items, None)
 
@@ -259,17 +260,17 @@ def _take(
     items: _Pending | Iterator[Record],
     limit: int,
     reading: Callable[[int], None] | None = None,
-) -> list[Record | TokenLines]:
+) -> list[Record | Columns]:
     """The next requests, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens (the
-    lines of a TokenLines counted one by one, as Records); ``reading(count)`` is told at the
-    first request and every PROGRESS_EVERY requests after."""
+    lines of Columns counted one by one, as Records); ``reading(count)`` is told at the first
+    request and every PROGRESS_EVERY requests after."""
     pending = items if isinstance(items, _Pending) else _Pending(items)
-    batch: list[Record | TokenLines] = []
+    batch: list[Record | Columns] = []
     count = tokens = 0
     while count < limit and (item := pending.next()) is not None:
-        if isinstance(item, TokenLines):
+        if isinstance(item, Columns):
             # the lines up to the limit, and up to the first that reaches CHUNK_TOKENS
-            reached = tokens + np.cumsum(item.prompt_lengths[: limit - count])
+            reached = tokens + np.cumsum(item.estimated_tokens()[: limit - count])
             stop = min(len(reached), int(np.searchsorted(reached, CHUNK_TOKENS)) + 1)
             if stop < len(item):
                 pending.held = item.slice(stop, len(item))
@@ -290,18 +291,47 @@ def _take(
     return batch
 
 
-def _as_records(items: Iterable[Record | TokenLines]) -> list[Record]:
-    """The items' Records, TokenLines read into theirs."""
+def _as_records(items: Iterable[Record | Columns]) -> list[Record]:
+    """The items' Records, Columns read into theirs."""
     return [
         record
         for item in items
-        for record in (item.records() if isinstance(item, TokenLines) else (item,))
+        for record in (item.records() if isinstance(item, Columns) else (item,))
     ]
 
 
-def _parts(records: Sequence[Record]) -> Sequence[Sequence[Record] | TokenLines]:
+def _record_list(items: Sequence[Record | Columns]) -> Sequence[Record]:
+    """A chunk's items as its records: a list, or a RecordList where some are Columns."""
+    if not any(isinstance(item, Columns) for item in items):
+        return list(items)  # type: ignore[arg-type]
+    parts: list[Sequence[Record] | Columns] = []
+    for item in items:
+        if isinstance(item, Columns):
+            parts.append(item)
+        elif parts and isinstance(parts[-1], list):
+            parts[-1].append(item)
+        else:
+            parts.append([item])
+    return RecordList(parts)
+
+
+def _parts(records: Sequence[Record]) -> Sequence[Sequence[Record] | Columns]:
     """A chunk's records as RecordList parts."""
     return records.parts if isinstance(records, RecordList) else [records]
+
+
+def _count(items: Sequence[Record | Columns]) -> int:
+    """Requests among ``items``."""
+    return sum(len(item) if isinstance(item, Columns) else 1 for item in items)
+
+
+def _block_size(item: Record | Columns) -> int | None:
+    """The block of a hash-id trace's request, None for any other."""
+    if isinstance(item, HashLines):
+        return item.block_size
+    if isinstance(item, Record) and item.hash_blocks is not None:
+        return item.hash_blocks.block_size
+    return None
 
 
 @dataclass

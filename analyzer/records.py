@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -95,6 +96,10 @@ class TokenLines:
     def prompt_lengths(self) -> np.ndarray:
         return np.diff(self.prompt_offsets)
 
+    def estimated_tokens(self) -> np.ndarray:
+        """Each line's prompt tokens (``ingest._estimated_tokens``: no claimed answer length)."""
+        return self.prompt_lengths
+
     def slice(self, start: int, stop: int) -> TokenLines:
         """Lines ``start`` to ``stop`` (their ids are views)."""
         p, o = self.prompt_offsets, self.output_offsets
@@ -133,11 +138,75 @@ class TokenLines:
         return out
 
 
-class RecordList(Sequence[Record]):
-    """Records held as lists and as TokenLines (whose Records are made, without ids, as they
-    are read): a log's requests without an object per plain pre-tokenized line."""
+@dataclass(frozen=True)
+class HashLines:
+    """Consecutive plain Mooncake hash-id lines of one file as columns (``loaders.hash_trace.
+    plain_lines``): what their Records hold, without an object per line."""
 
-    def __init__(self, parts: Sequence[Sequence[Record] | TokenLines]) -> None:
+    file: str
+    lines: np.ndarray  # int64: each line's number
+    ids: np.ndarray  # int64, flat: each line's prompt ids, then its answer's
+    id_offsets: np.ndarray  # int64, one more than lines
+    block_size: int
+    prompt_length: np.ndarray  # int64
+    known_length: np.ndarray  # int64: tokens the ids spell
+    output_length: np.ndarray  # int64; -1: none given
+    arrival_s: np.ndarray  # float64 seconds; NaN: none given
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def estimated_tokens(self) -> np.ndarray:
+        """Each line's prompt and claimed answer tokens (``ingest._estimated_tokens``)."""
+        return self.prompt_length + np.maximum(self.output_length, 0)
+
+    def slice(self, start: int, stop: int) -> HashLines:
+        """Lines ``start`` to ``stop`` (their ids are views)."""
+        o = self.id_offsets
+        return HashLines(
+            self.file,
+            self.lines[start:stop],
+            self.ids[o[start] : o[stop]],
+            o[start : stop + 1] - o[start],
+            self.block_size,
+            self.prompt_length[start:stop],
+            self.known_length[start:stop],
+            self.output_length[start:stop],
+            self.arrival_s[start:stop],
+        )
+
+    def records(self, with_ids: bool = True) -> list[Record]:
+        """The lines' Records (their ids are a trace's few per block: kept either way)."""
+        o = self.id_offsets.tolist()
+        arrivals = [None if math.isnan(a) else a for a in self.arrival_s.tolist()]
+        outputs = [None if n < 0 else n for n in self.output_length.tolist()]
+        return [
+            Record(
+                file=self.file,
+                line=line,
+                hash_blocks=HashBlocks(self.ids[o[i] : o[i + 1]], self.block_size, prompt, known),
+                output_length=outputs[i],
+                arrival_s=arrivals[i],
+            )
+            for i, (line, prompt, known) in enumerate(
+                zip(
+                    self.lines.tolist(),
+                    self.prompt_length.tolist(),
+                    self.known_length.tolist(),
+                    strict=True,
+                )
+            )
+        ]
+
+
+Columns = TokenLines | HashLines  # lines read as columns
+
+
+class RecordList(Sequence[Record]):
+    """Records held as lists and as Columns (whose Records are made as they are read, a
+    TokenLines' without ids): a log's requests without an object per plain line."""
+
+    def __init__(self, parts: Sequence[Sequence[Record] | Columns]) -> None:
         self.parts = [part for part in parts if len(part)]
         self._starts = np.cumsum([0, *(len(part) for part in self.parts)])
 
@@ -146,7 +215,7 @@ class RecordList(Sequence[Record]):
 
     def __iter__(self) -> Iterator[Record]:
         for part in self.parts:
-            yield from part.records(with_ids=False) if isinstance(part, TokenLines) else part
+            yield from part.records(with_ids=False) if isinstance(part, Columns) else part
 
     @overload
     def __getitem__(self, index: int) -> Record: ...
@@ -161,16 +230,16 @@ class RecordList(Sequence[Record]):
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         part = self.parts[k]
         at = index - int(self._starts[k])
-        if isinstance(part, TokenLines):
+        if isinstance(part, Columns):
             return part.slice(at, at + 1).records(with_ids=False)[0]
         return part[at]
 
 
 def any_messages(records: Sequence[Record]) -> bool:
-    """Whether any request is a chat, without making a RecordList's Records (TokenLines never
+    """Whether any request is a chat, without making a RecordList's Records (Columns never
     are)."""
     if isinstance(records, RecordList):
         return any(
-            r.messages for part in records.parts if not isinstance(part, TokenLines) for r in part
+            r.messages for part in records.parts if not isinstance(part, Columns) for r in part
         )
     return any(r.messages for r in records)

@@ -34,11 +34,11 @@ from analyzer.loaders.sources import (
     expand_inputs,
     read_items,
 )
-from analyzer.records import Record, TokenLines
+from analyzer.records import Columns, Record
 
 Parsed = Record | list[Record] | Answer
 Parser = Callable[[Any, str, int], Parsed]
-BatchReader = Callable[[str, Sequence[tuple[int, Any]]], list[Record | None] | TokenLines]
+BatchReader = Callable[[str, Sequence[tuple[int, Any]]], list[Record | None] | Columns]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class LogFormat:
     its lines (by default ``matches``); a line that is not, but is another format's, is a
     mixed-format error. ``batch``, where set, reads a batch of raw JSON lines first: the Record
     of each line exactly as ``parse`` reads it, or None for ``parse`` to read it (and say why);
-    or, when it takes every line, their TokenLines (the same Records as columns).
+    or, when it takes every line, their Columns (the same Records as columns).
     """
 
     name: str
@@ -82,7 +82,7 @@ FORMATS: dict[str, LogFormat] = {
             "hash-id traces (Mooncake)",
             hash_trace.matches,
             hash_trace.parse,
-            batch=hash_trace.plain_records,
+            batch=hash_trace.plain_lines,
         ),
         LogFormat(
             "tokens",
@@ -219,15 +219,15 @@ def iter_records(
     fields: FieldMap | None = None,
     hold_answerable: bool = True,
     columns: bool = False,
-) -> Iterator[Record | TokenLines]:
+) -> Iterator[Record | Columns]:
     """The requests of every file, as they are read; skips, formats and counts go to ``result``.
 
     A request that a later line may still answer (one with a request id: server logs, Batch
     files) gets its answer when every file has been read. With ``hold_answerable`` such requests
     are held back until then, so that a consumer never sees a request before its answer; without
     it they are yielded at once and filled in afterwards (the consumer must keep them).
-    With ``columns`` a batch of plain pre-tokenized lines comes as one TokenLines (its lines
-    hold no request id), otherwise as its Records.
+    With ``columns`` a batch of plain pre-tokenized or Mooncake lines comes as one Columns
+    (TokenLines, HashLines: their lines hold no request id), otherwise as its Records.
     """
     if format_name != "auto" and format_name not in FORMATS and format_name != MAPPED.name:
         raise PrefixcheckError(
@@ -243,7 +243,7 @@ def iter_records(
         result.formats[name] = log_format.name
         parse, batch = _configured(log_format, hash_block_size, fields)
         for item in _parse_items(name, items, log_format, parse, batch, fields, columns):
-            if isinstance(item, TokenLines):
+            if isinstance(item, Columns):
                 result.lines_read += len(item)
                 yield item
                 continue
@@ -379,12 +379,12 @@ def _parse_items(
     batch: BatchReader | None,
     fields: FieldMap | None,
     columns: bool = False,
-) -> Iterator[Parsed | Skip | TokenLines]:
+) -> Iterator[Parsed | Skip | Columns]:
     """Each line parsed, or its Skip: the one place where a line's errors, anticipated
     (BadLine) or not (any other exception, a bug or an input no one foresaw), become a reasoned
     skip naming file and line. Errors of the whole input (PrefixcheckError) still stop the run.
     JSON lines of a format with a batch reader (pre-tokenized, hash-id traces) go through it
-    first (``columns``: the TokenLines it reads kept as they come)."""
+    first (``columns``: the Columns it reads kept as they come)."""
     if batch is not None and fields is None and not items.objects:
         yield from _parse_batched(name, items, log_format, parse, batch, columns)
         return
@@ -402,14 +402,14 @@ def _parse_batched(
     parse: Parser,
     batch: BatchReader,
     columns: bool,
-) -> Iterator[Parsed | Skip | TokenLines]:
+) -> Iterator[Parsed | Skip | Columns]:
     """Each line read by the batch reader, or, where that does not take it, by ``_parse_item``
-    (the same Record either way, and the same skip); lines it takes as TokenLines come as
-    those with ``columns``, else as their Records."""
+    (the same Record either way, and the same skip); lines it takes as Columns come as those
+    with ``columns``, else as their Records."""
     lines = iter(items)
     while chunk := list(islice(lines, LINES_PER_BATCH)):
         read = batch(name, chunk)
-        if isinstance(read, TokenLines):
+        if isinstance(read, Columns):
             if columns:
                 yield read
                 continue

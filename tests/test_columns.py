@@ -1,11 +1,12 @@
-"""Plain pre-tokenized lines read as columns (TokenLines, ``build_lines_workload``) give the same
-chunks, workloads, request rows, namespaces and unknown answer ids as their Records through
-``build_workload``, and the same Records when those are read."""
+"""Plain lines read as columns give what their Records give: pre-tokenized lines (TokenLines,
+``build_lines_workload``) the same chunks, workloads, request rows, namespaces and unknown
+answer ids as ``build_workload``; Mooncake lines (HashLines) the same runs, rows and chunks as
+``build_run_workload`` of their Records; both the same Records when those are read."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,15 +43,22 @@ def _lines(rng: np.random.Generator, n: int) -> list[bytes]:
     return out
 
 
-def _chunks(path: Path, columns: bool) -> tuple[list, ChunkedIngest]:
-    reader = ChunkedIngest([path], IngestOptions(format="tokens"), NoProgress())
+def _chunks(
+    path: Path, columns: bool, options: IngestOptions | None = None
+) -> tuple[list, ChunkedIngest]:
+    reader = ChunkedIngest([path], options or IngestOptions(format="tokens"), NoProgress())
     if not columns:
         reader.items = lambda columns=True: ChunkedIngest.items(reader, columns=False)  # type: ignore[method-assign]
     return list(reader.chunks(chunk_records=700)), reader
 
 
 def _record_dicts(records) -> list[dict]:
-    return [asdict(r) for r in records]
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value.tolist() if isinstance(value, np.ndarray) else value
+
+    return [plain(asdict(r)) for r in records]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -106,3 +114,60 @@ def test_record_list_reads_like_a_list(tmp_path: Path) -> None:
     assert _record_dicts(records[1020:1034]) == _record_dicts(whole[1020:1034])
     with pytest.raises(IndexError):
         records[2500]
+
+
+def _same(a: object, b: object) -> None:
+    """Equal dataclasses, array by array."""
+    assert type(a) is type(b)
+    if is_dataclass(a):
+        for f in fields(a):
+            _same(getattr(a, f.name), getattr(b, f.name))
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype  # type: ignore[union-attr]
+        np.testing.assert_array_equal(a, b)  # type: ignore[arg-type]
+    else:
+        assert a == b
+
+
+def _trace_lines(rng: np.random.Generator, n: int, block: int) -> list[bytes]:
+    out = []
+    for i in range(n):
+        length = int(rng.integers(1, 6 * block))
+        blocks = -(-length // block)
+        line: dict = {"input_length": length, "hash_ids": rng.integers(0, 40, blocks).tolist()}
+        if rng.random() < 0.8:
+            line["output_length"] = int(rng.integers(1, 3 * block))
+            if rng.random() < 0.3:
+                more = -(-(length + line["output_length"]) // block) - blocks
+                line["output_hash_ids"] = rng.integers(0, 40, more).tolist()
+        if rng.random() < 0.9:
+            line["timestamp"] = 1000 * i + int(rng.integers(1000))
+        out.append(json.dumps(line).encode())
+    return out
+
+
+@pytest.mark.parametrize("runs", [8192, None])  # replayed as runs; expanded into tokens
+def test_hash_lines_match_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs: int | None
+) -> None:
+    path = tmp_path / "t.jsonl"
+    lines = _trace_lines(np.random.default_rng(5), 2600, 16)
+    lines[1500] = b'{"input_length": 3, "hash_ids": [1], "extra": 1}'  # one batch of Records
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    monkeypatch.setattr(ingest, "CHUNK_TOKENS", 9000)
+    options = IngestOptions(format="hash-trace", hash_block_size=16, hash_runs=runs)
+    fast, fast_reader = _chunks(path, True, options)
+    slow, slow_reader = _chunks(path, False, options)
+    assert len(fast) == len(slow) > 4
+    assert any(isinstance(c.records, RecordList) for c in fast) == (runs is not None)
+    for a, b in zip(fast, slow, strict=True):
+        wa, wb = a.tokenized.workload, b.tokenized.workload
+        _same(wa, wb)  # every column of the runs (or tokens)
+        assert a.tokenized.requests.equals(b.tokenized.requests)
+        assert a.tokenized.requests.schema == b.tokenized.requests.schema
+        assert a.tokenized.namespace_labels == b.tokenized.namespace_labels
+        assert a.tokenized.assumed_stop_finish == b.tokenized.assumed_stop_finish
+        assert _record_dicts(a.records) == _record_dicts(b.records)
+    assert fast_reader.state == slow_reader.state
+    whole = fast_reader.finished(fast).loaded.records
+    assert _record_dicts(whole) == _record_dicts(slow_reader.finished(slow).loaded.records)
