@@ -31,28 +31,35 @@ def hit_thresholds(stream: BlockStream, held_back: np.ndarray | None = None) -> 
     extra = np.zeros(stream.n_requests, np.int64) if held_back is None else held_back
     small = len(stream.items) < np.iinfo(np.int32).max  # release times fit int32
     last = np.full(stream.n_items, -1, np.int32 if small else np.int64)
-    thresholds = _thresholds(stream.items, stream.offsets, stream.lookup, stream.peak, extra, last)
+    # a threshold is at most a distance (< the items) plus the held-back blocks and one, or a
+    # peak: int32 halves the array to fill and sort when those fit
+    largest = stream.n_items + int(extra.max(initial=0)) + int(stream.peak.max(initial=0)) + 1
+    n_lookups = int(np.minimum(stream.lookup, np.diff(stream.offsets)).clip(0).sum())
+    out = np.empty(n_lookups, np.int32 if largest < np.iinfo(np.int32).max else np.int64)
+    size = _thresholds(stream.items, stream.offsets, stream.lookup, stream.peak, extra, last, out)
+    thresholds = out[:size]
     thresholds.sort()
     return thresholds
 
 
 def hit_blocks(thresholds: np.ndarray, capacity_blocks: np.ndarray) -> np.ndarray:
     """Total hit blocks of the LRU model at each capacity."""
-    return np.searchsorted(thresholds, capacity_blocks, side="right")
+    # in the thresholds' own type (a wider query would copy them to compare): a capacity past
+    # that type's range exceeds every threshold, as its largest value does
+    top = np.iinfo(thresholds.dtype).max
+    capacity = np.minimum(np.asarray(capacity_blocks), top).astype(thresholds.dtype)
+    return np.searchsorted(thresholds, capacity, side="right")
 
 
 @njit(cache=True)
-def _thresholds(items, offsets, lookup, peak, extra, last):
-    """The thresholds of the lookup blocks that have one, in stream order; ``last[item]``: the
-    item's last release time (-1 on entry: none yet)."""
+def _thresholds(items, offsets, lookup, peak, extra, last, out):
+    """The thresholds of the lookup blocks that have one, in stream order, into ``out`` (room
+    for every lookup: the pages never written stay unmapped); returns how many. ``last[item]``:
+    the item's last release time (-1 on entry: none yet)."""
     n_requests = len(offsets) - 1
     marks = _new_marks(len(items))  # one marker at each item's last release time
     n_marked = 0
     clock = 0
-    n_lookups = 0
-    for r in range(n_requests):
-        n_lookups += min(lookup[r], offsets[r + 1] - offsets[r])
-    out = np.empty(n_lookups, np.int64)  # room for all: the pages never written stay unmapped
     size = 0
     for r in range(n_requests):
         first, stop = offsets[r], offsets[r + 1]
@@ -105,7 +112,7 @@ def _thresholds(items, offsets, lookup, peak, extra, last):
             clock += 1
         if unmarked:
             _add(marks[1], unmarked_word, -unmarked)
-    return out[:size]
+    return size
 
 
 # The markers: a bit per release time, and a Fenwick tree of the markers in each 64-bit word.

@@ -291,3 +291,13 @@ def test_belady_bounds_every_replay(seed: int) -> None:
             )
         vllm = VllmPrefixCache(VllmConfig(4, capacity_tokens=capacity)).replay(workload)
         assert vllm.total_hit_tokens <= belady_hit_blocks(stream, capacity // 4).sum() * 4
+
+
+def test_hit_blocks_of_narrow_thresholds_at_any_capacity() -> None:
+    """Thresholds kept as int32 count the same hits as int64 ones, at capacities past int32."""
+    rng = np.random.default_rng(7)
+    wide = np.sort(rng.integers(1, 1000, 500))
+    capacities = np.array([0, 1, 500, 999, 1000, 2**31 - 1, 2**31, 2**40])
+    expected = np.searchsorted(wide, capacities, side="right")
+    for thresholds in (wide, wide.astype(np.int32)):
+        assert hit_blocks(thresholds, capacities).tolist() == expected.tolist()
