@@ -179,8 +179,14 @@ def _reached_replay(scenario: Scenario) -> dict[str, np.ndarray]:
         rows = reached_rows(base, scenario.workload, finest, servers)
     if len(rows) > SUBSET_MAX_SHARE * log.n_requests:
         return _trie_replays([replace(scenario, base=None, base_hits=None)])[0]
+    if not isinstance(log, EditedLog):
+        selected = scenario.workload.select(rows)
+    elif np.array_equal(rows, log.changed[0]):  # the edits reach no other request
+        selected = log.changed[1]
+    else:
+        selected = log.select(rows)
     part = Scenario(
-        log.select(rows) if isinstance(log, EditedLog) else scenario.workload.select(rows),
+        selected,
         scenario.settings,
         scenario.engines,
         None if servers is None else servers[rows],
