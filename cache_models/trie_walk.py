@@ -22,17 +22,17 @@ def nodes_on_paths(
         trie.length,
         trie.store,
         marked,
-        _above_marked(trie.parent, marked),
+        _below_marked(trie.parent, marked),
         workload.prompt_tokens,
         workload.prompt_offsets,
         workload.namespace.astype(np.int64),
     )
 
 
-def _above_marked(parent: np.ndarray, marked: np.ndarray) -> np.ndarray:
-    """Per node, whether it is marked or has a marked node below it (a walk looking for marked
-    nodes stops where this is false)."""
-    above = marked.copy()
+def _below_marked(parent: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """Per node, whether a marked node lies below it (a walk looking for marked nodes goes no
+    further where this is false)."""
+    above = np.zeros(len(parent), np.bool_)
     nodes = np.flatnonzero(marked)
     while len(nodes):
         nodes = np.unique(parent[nodes])
@@ -109,8 +109,10 @@ def _children(parent, start, length, namespace, store, bits):
 
 @njit(cache=True)
 def _marked_on_paths(
-    children, start, length, store, marked, above, prompt_tokens, prompt_offsets, namespace
+    children, start, length, store, marked, below, prompt_tokens, prompt_offsets, namespace
 ):
+    """The walk of ``nodes_on_paths``: each prompt from its root while a marked node lies below
+    (a child with none is not compared, nor looked for under the last marked node)."""
     requests = np.empty(64, np.int64)
     nodes = np.empty(64, np.int64)
     found = 0
@@ -118,17 +120,17 @@ def _marked_on_paths(
         p0, p1 = prompt_offsets[r], prompt_offsets[r + 1]
         node = child_of(children, 0, namespace[r])
         pos = 0
-        while node >= 0 and above[node]:
+        while node >= 0 and (marked[node] or below[node]):
             if marked[node]:
                 if found == len(requests):
                     requests = np.concatenate((requests, np.empty(found, np.int64)))
                     nodes = np.concatenate((nodes, np.empty(found, np.int64)))
                 requests[found], nodes[found] = r, node
                 found += 1
-            if pos >= p1 - p0:
+            if pos >= p1 - p0 or not below[node]:
                 break
             node = child_of(children, node, prompt_tokens[p0 + pos])
-            if node < 0 or pos + length[node] > p1 - p0:
+            if node < 0 or not (marked[node] or below[node]) or pos + length[node] > p1 - p0:
                 break
             m = 0
             while m < length[node] and store[start[node] + m] == prompt_tokens[p0 + pos + m]:
