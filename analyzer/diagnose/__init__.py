@@ -92,7 +92,9 @@ def diagnose_log(
     ``parts`` gives the requests as read, to reorder their message parts; ``runs``, the workload
     as runs (a hash trace's), which the passes that read runs take instead."""
     reordered = None if parts is None else parts.reordered(workload.n_requests)
-    models = requests["model"].fill_null("").to_numpy().astype(str)
+    model = requests["model"].fill_null("")
+    # the model each request goes to, when the log has several (the servers)
+    models = model.to_numpy().astype(str) if model.n_unique() > 1 else None
     salt_free = requests.select(
         pl.struct(pl.col("model").fill_null(""), pl.col("lora").fill_null("")).rank("dense")
     ).to_series()
@@ -107,7 +109,7 @@ def diagnose_log(
             ideal=replace(replays.ideal, hit_tokens=replays.ideal.hit_tokens[order]),
             trie=replays.trie,
         )
-        models = models[order]
+        models = None if models is None else models[order]
         salt_free = salt_free[order]
         if fleet_hits is not None:
             fleet_hits = {engine: hits[order] for engine, hits in fleet_hits.items()}
@@ -120,7 +122,7 @@ def diagnose_log(
         replays=replays,
         settings=settings,
         salt_free_namespace=salt_free.to_numpy().astype(np.int32),
-        servers=models if len(set(models)) > 1 else None,
+        servers=models,
         decoder=decoder,
         redact=redact,
         what_if=what_if,
