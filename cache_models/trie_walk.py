@@ -32,13 +32,13 @@ def nodes_on_paths(
 def _below_marked(parent: np.ndarray, marked: np.ndarray) -> np.ndarray:
     """Per node, whether a marked node lies below it (a walk looking for marked nodes goes no
     further where this is false)."""
-    above = np.zeros(len(parent), np.bool_)
+    below = np.zeros(len(parent), np.bool_)
     nodes = np.flatnonzero(marked)
     while len(nodes):
         nodes = np.unique(parent[nodes])
-        nodes = nodes[(nodes > 0) & ~above[nodes]]
-        above[nodes] = True
-    return above
+        nodes = nodes[(nodes > 0) & ~below[nodes]]
+        below[nodes] = True
+    return below
 
 
 # A child map: an open-addressing table (linear probing, at most half full) of child keys and
