@@ -59,7 +59,7 @@ class UnboundedVllm:
             present_tokens = np.concatenate(
                 [np.zeros(0, np.int64)]
                 + [
-                    self.trie.feed(kept_tokens(chunk.select(np.arange(a, b))))[0]
+                    self.trie.feed(kept_tokens(chunk, a, b))[0]
                     for a, b in _slices(chunk.n_requests, SLICE_REQUESTS)
                 ]
             )
@@ -117,18 +117,20 @@ def kept_sequences(workload: RunWorkload) -> RunWorkload:
     return RunWorkload(sequences, weights, ones, workload.first_tokens, workload.log_tokens_hint)
 
 
-def kept_tokens(workload: Workload) -> Workload:
-    """Each request as a prompt of what vLLM keeps of it (the first ``L + n - 1`` tokens of its
-    prompt and answer) and one unknown token, with one unknown output (the module docstring)."""
-    n = workload.n_requests
-    kept = rules.vllm_peak_tokens(workload.prompt_lengths, workload.output_lengths)
+def kept_tokens(workload: Workload, start: int, stop: int) -> Workload:
+    """Requests ``start`` to ``stop``, each as a prompt of what vLLM keeps of it (the first
+    ``L + n - 1`` tokens of its prompt and answer) and one unknown token, with one unknown
+    output (the module docstring)."""
+    n = stop - start
+    rows = slice(start, stop)
+    kept = rules.vllm_peak_tokens(workload.prompt_lengths[rows], workload.output_lengths[rows])
     offsets = offsets_of(kept + 1)
     ids = np.empty(int(offsets[-1]), np.int32)
     _fill_kept(
         workload.prompt_tokens,
-        workload.prompt_offsets,
+        workload.prompt_offsets[start:],
         workload.output_tokens,
-        workload.output_offsets,
+        workload.output_offsets[start:],
         offsets,
         ids,
     )
@@ -137,13 +139,14 @@ def kept_tokens(workload: Workload) -> Workload:
         prompt_offsets=offsets,
         output_tokens=np.full(n, UNKNOWN, np.int32),
         output_offsets=np.arange(n + 1, dtype=np.int64),
-        namespace=workload.namespace,
+        namespace=workload.namespace[rows],
         stop_finish=np.ones(n, bool),
     )
 
 
 @njit(cache=True, nogil=True)
 def _fill_kept(p_tok, p_off, o_tok, o_off, offsets, ids):  # type: ignore[no-untyped-def]
+    """The kept tokens of requests ``p_off``'s first ``len(offsets) - 1``, at ``offsets``."""
     for r in range(len(offsets) - 1):
         at, kept = offsets[r], offsets[r + 1] - offsets[r] - 1
         from_prompt = min(kept, p_off[r + 1] - p_off[r])
