@@ -1,5 +1,6 @@
-"""The sequential replay of an unbounded vLLM cache over a run-length workload, by the prefix
-trie: the same hits and counters as the block pool's replay (``_vllm_runs``), without a pool.
+"""The sequential replay of an unbounded vLLM cache, by the prefix trie: the same hits and
+counters as the block pool's replay (``_vllm_kernel`` over tokens, ``_vllm_runs`` over a
+run-length workload), without a pool.
 
 With no eviction, and every earlier request freed before the next one is admitted, block ``j``
 of request r (its first ``(j + 1) * B`` tokens of prompt then answer) is cached when r arrives
@@ -21,12 +22,14 @@ long as the first. So r finds ``E`` leading blocks cached, ``E = floor(min(K, D)
 ``K`` tokens), with one unknown output: the trie then keeps, of each request, its ``K`` tokens
 (nothing after an unknown token is stored), and its vLLM view at granularity ``B`` gives
 ``B * E`` (it floors the match to whole blocks; what it keeps past the last whole block is never
-a whole block, so it never counts).
+a whole block, so it never counts). A request of tokens is the same, one token an entry
+(``kept_tokens``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from cache_models import engine_rules as rules
 from cache_models.prefix_trie import PrefixTrie, View
@@ -34,24 +37,37 @@ from cache_models.runs import RunWorkload
 from cache_models.workload import Workload, offsets_of
 
 UNKNOWN = -1  # an unknown token: matches nothing, ends what the trie stores of a request
+SLICE_REQUESTS = 8192  # a token chunk is fed this many requests at a time (its kept copy)
 
 
-class UnboundedRuns:
-    """An unbounded vLLM cache at ``block_size``, fed run-length chunks of one log in order."""
+class UnboundedVllm:
+    """An unbounded vLLM cache at ``block_size``, fed chunks of one log in order (tokens or
+    runs, not both)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.trie = PrefixTrie([View("vllm", block_size)])
 
-    def feed(self, chunk: RunWorkload) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def feed(self, chunk: Workload | RunWorkload) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The chunk's hit tokens and counters (``vllm_apc._counters``' names), as the pool's
         sequential replay of the log so far gives them."""
         size = self.block_size
-        (present_tokens,) = self.trie.feed(kept_sequences(chunk))
+        if isinstance(chunk, RunWorkload):
+            (present_tokens,) = self.trie.feed(kept_sequences(chunk))
+            skips = chunk.runs.skips_lookup
+        else:
+            present_tokens = np.concatenate(
+                [np.zeros(0, np.int64)]
+                + [
+                    self.trie.feed(kept_tokens(chunk, a, b))[0]
+                    for a, b in _slices(chunk.n_requests, SLICE_REQUESTS)
+                ]
+            )
+            skips = chunk.skips_lookup
         present = present_tokens // size
         prompt = chunk.prompt_lengths
         cached = rules.vllm_peak_tokens(prompt, chunk.output_lengths) // size
-        hit = np.where(chunk.runs.skips_lookup, 0, np.minimum(present, (prompt - 1) // size))
+        hit = np.where(skips, 0, np.minimum(present, (prompt - 1) // size))
         none = np.zeros(chunk.n_requests, np.int64)
         counters = {
             "evicted_blocks": none,
@@ -99,6 +115,50 @@ def kept_sequences(workload: RunWorkload) -> RunWorkload:
         stop_finish=np.ones(n, bool),
     )
     return RunWorkload(sequences, weights, ones, workload.first_tokens, workload.log_tokens_hint)
+
+
+def kept_tokens(workload: Workload, start: int, stop: int) -> Workload:
+    """Requests ``start`` to ``stop``, each as a prompt of what vLLM keeps of it (the first
+    ``L + n - 1`` tokens of its prompt and answer) and one unknown token, with one unknown
+    output (the module docstring)."""
+    n = stop - start
+    rows = slice(start, stop)
+    kept = rules.vllm_peak_tokens(workload.prompt_lengths[rows], workload.output_lengths[rows])
+    offsets = offsets_of(kept + 1)
+    ids = np.empty(int(offsets[-1]), np.int32)
+    _fill_kept(
+        workload.prompt_tokens,
+        workload.prompt_offsets[start:],
+        workload.output_tokens,
+        workload.output_offsets[start:],
+        offsets,
+        ids,
+    )
+    return Workload(
+        prompt_tokens=ids,
+        prompt_offsets=offsets,
+        output_tokens=np.full(n, UNKNOWN, np.int32),
+        output_offsets=np.arange(n + 1, dtype=np.int64),
+        namespace=workload.namespace[rows],
+        stop_finish=np.ones(n, bool),
+    )
+
+
+@njit(cache=True, nogil=True)
+def _fill_kept(p_tok, p_off, o_tok, o_off, offsets, ids):  # type: ignore[no-untyped-def]
+    """The kept tokens of requests ``p_off``'s first ``len(offsets) - 1``, at ``offsets``."""
+    for r in range(len(offsets) - 1):
+        at, kept = offsets[r], offsets[r + 1] - offsets[r] - 1
+        from_prompt = min(kept, p_off[r + 1] - p_off[r])
+        for j in range(from_prompt):
+            ids[at + j] = p_tok[p_off[r] + j]
+        for j in range(kept - from_prompt):
+            ids[at + from_prompt + j] = o_tok[o_off[r] + j]
+        ids[at + kept] = UNKNOWN
+
+
+def _slices(n: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
 def _positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -299,3 +299,62 @@ def test_trie_consumers_read_a_run_trie_as_the_token_trie() -> None:
             np.testing.assert_array_equal(got_stream.items, want_stream.items)
             assert got_stream.n_items == want_stream.n_items
     assert found_prefixes
+
+
+def test_unbounded_vllm_of_tokens_by_the_trie_is_the_pool_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sequential unbounded replay of tokens goes by the prefix trie too: every hit and
+    counter of the pool's (``_replay_fast``), whole and in a session, fed in slices of a few
+    requests; the cases include answers of one token, unknown answers, answers hit by later
+    turns, two namespaces and skipped lookups."""
+    from cache_models import _vllm_unbounded
+    from cache_models.workload import Workload
+
+    monkeypatch.setattr(_vllm_unbounded, "SLICE_REQUESTS", 5)
+    rng = np.random.default_rng(7)
+    duplicates = answers_hit = 0
+    for _ in range(12):
+        prompts, outputs, history = [], [], []
+        unknown = -1
+        for _ in range(40):
+            if history and rng.random() < 0.5:
+                prompt = history[int(rng.integers(len(history)))] + rng.integers(0, 4, 3).tolist()
+            else:
+                prompt = rng.integers(0, 3, int(rng.integers(1, 40))).tolist()
+            kind = rng.integers(3)
+            if kind == 2:
+                output = [int(rng.integers(0, 3))]  # one token: none of it kept
+            elif kind == 0:
+                output, unknown = list(range(unknown, unknown - 3, -1)), unknown - 3
+            else:
+                output = rng.integers(0, 3, int(rng.integers(1, 20))).tolist()
+            prompts.append(prompt)
+            outputs.append(output)
+            history.append(prompt + (output if kind else []))  # unknown ids are never repeated
+        n = len(prompts)
+        workload = replace(
+            Workload.from_arrays(
+                [np.array(p, np.int32) for p in prompts],
+                [np.array(o, np.int32) for o in outputs],
+                namespace=rng.integers(0, 2, n),
+            ),
+            skip_prefix_lookup=rng.random(n) < 0.15,
+        )
+        for size in BLOCK_SIZES:
+            config = VllmConfig(block_size=size)
+            by_pool, _ = vllm_apc._replay_fast(config, workload, None)
+            assert_same(VllmPrefixCache(config).replay(workload), by_pool)
+            session = VllmPrefixCache(config).session()
+            for lo in range(0, n, CHUNK):
+                rows = np.arange(lo, min(lo + CHUNK, n))
+                expected = by_pool.hit_tokens[rows]
+                got = session.feed(workload.select(rows))
+                assert np.array_equal(got.hit_tokens, expected)
+                for name, values in got.counters.items():
+                    assert np.array_equal(values, by_pool.counters[name][rows]), name
+            assert session.pool is None and session.unbounded is not None
+            duplicates += int(by_pool.counters["duplicate_blocks"].sum())
+            lengths = workload.prompt_lengths
+            answers_hit += int((by_pool.hit_tokens > np.minimum(lengths, 40) // 2).sum())
+    assert duplicates and answers_hit
