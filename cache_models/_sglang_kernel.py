@@ -116,7 +116,7 @@ def grown(tree: Tree, n_rows: int, arena_tokens: int, page_size: int, policy: in
     bigger.ints[:] = tree.ints
     bigger.ints[FREE_TOP] = top + n_rows - old
     _compact_arena(bigger, tree.arena)
-    _rehash(bigger, page_size)
+    _rehash(bigger.table, bigger.nodes, bigger.arena, bigger.ints, page_size)
     _rebuild_heap(bigger, policy)
     return bigger
 
@@ -169,11 +169,9 @@ def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: in
     return h ^ (h >> np.int64(29))
 
 
-@njit(cache=True, error_model="numpy")
-def _node_hash(t: Tree, n: int, page_size: int) -> int:
-    return _page_hash(
-        t.nodes[n, PARENT], t.nodes[n, NAMESPACE], t.arena, t.nodes[n, KEY_START], page_size
-    )
+@njit(cache=True, error_model="numpy", inline="always")
+def _node_hash(nodes: np.ndarray, arena: np.ndarray, n: int, page_size: int) -> int:
+    return _page_hash(nodes[n, PARENT], nodes[n, NAMESPACE], arena, nodes[n, KEY_START], page_size)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -216,46 +214,53 @@ def _find_child(
 
 
 @njit(cache=True, error_model="numpy")
-def _slot_of(t: Tree, n: int, page_size: int) -> int:
-    mask = len(t.table) - 1
-    s = _node_hash(t, n, page_size) & mask
-    while t.table[s, SLOT_NODE] != n:
+def _slot_of(table: np.ndarray, nodes: np.ndarray, arena: np.ndarray, n: int, ps: int) -> int:
+    mask = len(table) - 1
+    s = _node_hash(nodes, arena, n, ps) & mask
+    while table[s, SLOT_NODE] != n:
         s = (s + 1) & mask
     return s
 
 
 @njit(cache=True, error_model="numpy")
-def _add_child(t: Tree, n: int, page_size: int) -> None:
-    """Map the live node ``n`` under its parent and first page."""
-    if 2 * (t.ints[TABLE_FILL] + 1) > len(t.table):
-        _rehash(t, page_size)  # maps every live node, n included: adding it again would leave
-        return  # a second slot, which outlives its eviction and matches a dead row
-    h = _node_hash(t, n, page_size)
-    mask = len(t.table) - 1
+def _add_child(
+    table: np.ndarray, nodes: np.ndarray, arena: np.ndarray, ints: np.ndarray, n: int, ps: int
+) -> None:
+    """Map the live node ``n`` under its parent and first page (the child map's helpers take
+    the arrays they use, not the tree: a call counts references to every array it is passed)."""
+    if 2 * (ints[TABLE_FILL] + 1) > len(table):
+        # maps every live node, n included: adding it again would leave a second slot, which
+        # outlives its eviction and matches a dead row
+        _rehash(table, nodes, arena, ints, ps)
+        return
+    h = _node_hash(nodes, arena, n, ps)
+    mask = len(table) - 1
     s = h & mask
-    while t.table[s, SLOT_NODE] >= 0:
+    while table[s, SLOT_NODE] >= 0:
         s = (s + 1) & mask
-    if t.table[s, SLOT_NODE] == EMPTY:
-        t.ints[TABLE_FILL] += 1
-    t.table[s, SLOT_NODE] = n
-    t.table[s, SLOT_HASH] = h
+    if table[s, SLOT_NODE] == EMPTY:
+        ints[TABLE_FILL] += 1
+    table[s, SLOT_NODE] = n
+    table[s, SLOT_HASH] = h
 
 
 @njit(cache=True, error_model="numpy")
-def _rehash(t: Tree, page_size: int) -> None:
+def _rehash(
+    table: np.ndarray, nodes: np.ndarray, arena: np.ndarray, ints: np.ndarray, ps: int
+) -> None:
     """Rebuild the child map without tombstones (same size)."""
-    t.table[:, SLOT_NODE] = EMPTY
-    t.ints[TABLE_FILL] = 0
-    mask = len(t.table) - 1
-    for n in range(1, len(t.nodes)):
-        if t.nodes[n, VERSION] >= 0:
-            h = _node_hash(t, n, page_size)
+    table[:, SLOT_NODE] = EMPTY
+    ints[TABLE_FILL] = 0
+    mask = len(table) - 1
+    for n in range(1, len(nodes)):
+        if nodes[n, VERSION] >= 0:
+            h = _node_hash(nodes, arena, n, ps)
             s = h & mask
-            while t.table[s, SLOT_NODE] != EMPTY:
+            while table[s, SLOT_NODE] != EMPTY:
                 s = (s + 1) & mask
-            t.table[s, SLOT_NODE] = n
-            t.table[s, SLOT_HASH] = h
-            t.ints[TABLE_FILL] += 1
+            table[s, SLOT_NODE] = n
+            table[s, SLOT_HASH] = h
+            ints[TABLE_FILL] += 1
 
 
 # -- eviction heap ---------------------------------------------------------------------------------
@@ -355,12 +360,13 @@ def _rebuild_heap(t: Tree, policy: int) -> None:
 
 @njit(cache=True, error_model="numpy")
 def _refresh(t: Tree, n: int, policy: int) -> None:
-    """The node's key or evictability changed: retire its heap entry, push a new one if due."""
+    """The node's key or evictability changed: retire its heap entry, push a new one if due.
+    Callers skip it without eviction (``NO_EVICTION`` keeps no heap, so nothing to retire)."""
     if n == ROOT:
         return
     t.ints[LAST_VERSION] += 1
     t.nodes[n, VERSION] = t.ints[LAST_VERSION]
-    if policy != NO_EVICTION and _is_evictable_leaf(t, n):
+    if _is_evictable_leaf(t, n):
         _push(t, n, policy)
 
 
@@ -436,7 +442,7 @@ def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: i
 def _split(t: Tree, child: int, split_len: int, split_tokens: int, ps: int, policy: int) -> int:
     """Cut ``child`` after ``split_len`` entries (``split_tokens`` tokens); the new parent
     inherits its stats and slot."""
-    slot = _slot_of(t, child, ps)
+    slot = _slot_of(t.table, t.nodes, t.arena, child, ps)
     new = _new_node(
         t,
         t.nodes[child, PARENT],
@@ -457,11 +463,13 @@ def _split(t: Tree, child: int, split_len: int, split_tokens: int, ps: int, poli
     t.nodes[child, KEY_LEN] -= split_len
     t.nodes[child, KEY_TOKENS] -= split_tokens
     t.nodes[child, PARENT] = new
-    _add_child(t, child, ps)
+    _add_child(t.table, t.nodes, t.arena, t.ints, child, ps)
     t.times[child, LAST_ACCESS] = _tick(t)
     t.ints[SPLITS] += 1
-    _refresh(t, new, policy)
-    _refresh(t, child, policy)
+    if policy != NO_EVICTION:
+        _refresh(t, new, policy)
+    if policy != NO_EVICTION:
+        _refresh(t, child, policy)
     return new
 
 
@@ -493,7 +501,8 @@ def _match(
     while n >= 0:
         t.times[n, LAST_ACCESS] = stamp
         stamp -= ANCESTOR_STAMP_STEP
-        _refresh(t, n, policy)
+        if policy != NO_EVICTION:
+            _refresh(t, n, policy)
         n = t.nodes[n, PARENT]
     return matched, node
 
@@ -536,7 +545,8 @@ def _insert(
         matched += common
         if matched > inserted_len:
             t.nodes[child, HIT_COUNT] += 1
-        _refresh(t, child, policy)
+        if policy != NO_EVICTION:
+            _refresh(t, child, policy)
         node = child
         if diverged:
             break
@@ -557,35 +567,55 @@ def _insert(
             t.nodes[up, HISTORY] = depth
             up = t.nodes[up, PARENT]
     t.nodes[node, N_CHILDREN] += 1
-    _add_child(t, leaf, ps)
+    _add_child(t.table, t.nodes, t.arena, t.ints, leaf, ps)
     t.ints[EVICTABLE] += new_tokens
     if length > inserted_len:
         t.nodes[leaf, HIT_COUNT] += 1
-    _refresh(t, leaf, policy)
-    _refresh(t, node, policy)
+    if policy != NO_EVICTION:
+        _refresh(t, leaf, policy)
+    if policy != NO_EVICTION:
+        _refresh(t, node, policy)
     return leaf, duplicates, new_tokens
 
 
 @njit(cache=True, error_model="numpy")
 def _lock(t: Tree, n: int, policy: int) -> None:
-    while n != ROOT:
-        if t.nodes[n, LOCK_REF] == 0:
-            t.ints[EVICTABLE] -= t.nodes[n, KEY_TOKENS]
-            t.ints[PROTECTED] += t.nodes[n, KEY_TOKENS]
-            t.nodes[n, LOCK_REF] = 1
-            _refresh(t, n, policy)
-        else:
-            t.nodes[n, LOCK_REF] += 1
-        n = t.nodes[n, PARENT]
+    """inc_lock_ref: lock the path from ``n`` up; a node it locks first stops being evictable."""
+    _count_locks(t.nodes, t.ints, n, 1)
+    if policy != NO_EVICTION:
+        _refresh_path(t, n, 1, policy)
 
 
 @njit(cache=True, error_model="numpy")
 def _unlock(t: Tree, n: int, policy: int) -> None:
+    """dec_lock_ref: unlock the path from ``n`` up; a node it unlocks last becomes evictable."""
+    _count_locks(t.nodes, t.ints, n, -1)
+    if policy != NO_EVICTION:
+        _refresh_path(t, n, 0, policy)
+
+
+@njit(cache=True, error_model="numpy")
+def _count_locks(nodes: np.ndarray, ints: np.ndarray, n: int, step: int) -> None:
+    """Add ``step`` (+1 or -1) to every lock on the path from ``n`` up, moving the tokens of a
+    node locked first (or unlocked last) between the evictable and protected sizes. It takes the
+    two arrays it writes, not the tree: a call counts references to every array it is passed."""
     while n != ROOT:
-        t.nodes[n, LOCK_REF] -= 1
-        if t.nodes[n, LOCK_REF] == 0:
-            t.ints[EVICTABLE] += t.nodes[n, KEY_TOKENS]
-            t.ints[PROTECTED] -= t.nodes[n, KEY_TOKENS]
+        if nodes[n, LOCK_REF] == (0 if step > 0 else 1):
+            tokens = nodes[n, KEY_TOKENS] * step
+            ints[EVICTABLE] -= tokens
+            ints[PROTECTED] += tokens
+        nodes[n, LOCK_REF] += step
+        n = nodes[n, PARENT]
+
+
+@njit(cache=True, error_model="numpy")
+def _refresh_path(t: Tree, n: int, changed: int, policy: int) -> None:
+    """Refresh the nodes on the path from ``n`` up that ``_count_locks`` just moved: locks move
+    by one, so those now at ``changed`` (1 after locking, 0 after unlocking) are the ones whose
+    evictability changed. Refreshing them after the walk, not during it, pushes the same heap
+    entries (a node's eviction key does not read its lock)."""
+    while n != ROOT:
+        if t.nodes[n, LOCK_REF] == changed:
             _refresh(t, n, policy)
         n = t.nodes[n, PARENT]
 
@@ -600,14 +630,15 @@ def _evict_to(t: Tree, need: int, bounded: bool, ps: int, policy: int) -> None:
         if leaf < 0:
             return
         parent = t.nodes[leaf, PARENT]
-        t.table[_slot_of(t, leaf, ps), SLOT_NODE] = TOMB
+        t.table[_slot_of(t.table, t.nodes, t.arena, leaf, ps), SLOT_NODE] = TOMB
         t.nodes[parent, N_CHILDREN] -= 1
         size = t.nodes[leaf, KEY_TOKENS]
         t.ints[EVICTABLE] -= size
         t.ints[POOL_FREE] += size
         t.ints[EVICTED] += size
         _free_node(t, leaf)
-        _refresh(t, parent, policy)
+        if policy != NO_EVICTION:
+            _refresh(t, parent, policy)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -767,7 +798,8 @@ def replay_sequential(
             end_at = rules.chunk_end(_at(cum, start), prompt_tokens_in, chunk, ps, is_first)
             end = _entry_at(cum, prompt_len, end_at)
             is_first = False
-            _alloc_extend(t, _at(cum, start), _at(cum, end), bounded, ps, policy)
+            if bounded:  # an unbounded pool allocates without a call (no refcounting)
+                _alloc_extend(t, _at(cum, start), _at(cum, end), bounded, ps, policy)
             if end >= prompt_len:
                 break
             node, protected, inserted, added = _checkpoint(
@@ -804,7 +836,8 @@ def replay_sequential(
                 policy,
             )
             new_tokens += added
-        _decode(t, prompt_tokens_in, steps, bounded, ps, policy)
+        if bounded:
+            _decode(t, prompt_tokens_in, steps, bounded, ps, policy)
         node, protected, inserted, added = _checkpoint(
             t,
             buf,
