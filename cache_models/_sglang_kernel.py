@@ -385,6 +385,14 @@ def _pop_leaf(t: Tree) -> int:
 
 # -- tree operations ------------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy", inline="always")
+def _copy(dst: np.ndarray, at: int, src: np.ndarray, start: int, length: int) -> None:
+    """dst[at : at + length] = src[start : start + length], element by element: a slice
+    assignment between two arrays that may overlap allocates a temporary copy first."""
+    for j in range(length):
+        dst[at + j] = src[start + j]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _at(cum: np.ndarray, k: int) -> int:
     """The token position of entry position ``k`` in the request's buffer: ``cum[k]`` (its
     entries' weights summed) for runs, ``k`` itself for tokens (``cum`` empty)."""
@@ -555,7 +563,7 @@ def _insert(
     top = t.ints[ARENA_TOP]
     new_len = length - matched
     new_tokens = _at(cum, length) - _at(cum, matched)
-    t.arena[top : top + new_len] = tokens[matched:length]
+    _copy(t.arena, top, tokens, matched, new_len)
     t.ints[ARENA_TOP] = top + new_len
     leaf = _new_node(t, node, ns, top, new_len, new_tokens, priority)
     depth = t.nodes[node, DEPTH] + new_tokens
@@ -579,41 +587,40 @@ def _insert(
 
 
 @njit(cache=True, error_model="numpy")
-def _lock(t: Tree, n: int, policy: int) -> None:
-    """inc_lock_ref: lock the path from ``n`` up; a node it locks first stops being evictable."""
-    _count_locks(t.nodes, t.ints, n, 1)
-    if policy != NO_EVICTION:
-        _refresh_path(t, n, 1, policy)
-
-
-@njit(cache=True, error_model="numpy")
-def _unlock(t: Tree, n: int, policy: int) -> None:
-    """dec_lock_ref: unlock the path from ``n`` up; a node it unlocks last becomes evictable."""
-    _count_locks(t.nodes, t.ints, n, -1)
-    if policy != NO_EVICTION:
-        _refresh_path(t, n, 0, policy)
-
-
-@njit(cache=True, error_model="numpy")
-def _count_locks(nodes: np.ndarray, ints: np.ndarray, n: int, step: int) -> None:
-    """Add ``step`` (+1 or -1) to every lock on the path from ``n`` up, moving the tokens of a
-    node locked first (or unlocked last) between the evictable and protected sizes. It takes the
-    two arrays it writes, not the tree: a call counts references to every array it is passed."""
+def _lock(nodes: np.ndarray, ints: np.ndarray, n: int) -> None:
+    """inc_lock_ref: lock the path from ``n`` up; the tokens of a node locked first move from the
+    evictable to the protected size. Such a node stops being evictable: with eviction the caller
+    then refreshes it (``_refresh_path(..., LOCKED_FIRST, ...)``). The lock walks take the two
+    arrays they write, not the tree: a call counts references to every array it is passed."""
     while n != ROOT:
-        if nodes[n, LOCK_REF] == (0 if step > 0 else 1):
-            tokens = nodes[n, KEY_TOKENS] * step
-            ints[EVICTABLE] -= tokens
-            ints[PROTECTED] += tokens
-        nodes[n, LOCK_REF] += step
+        if nodes[n, LOCK_REF] == 0:
+            ints[EVICTABLE] -= nodes[n, KEY_TOKENS]
+            ints[PROTECTED] += nodes[n, KEY_TOKENS]
+        nodes[n, LOCK_REF] += 1
         n = nodes[n, PARENT]
 
 
 @njit(cache=True, error_model="numpy")
+def _unlock(nodes: np.ndarray, ints: np.ndarray, n: int) -> None:
+    """dec_lock_ref: unlock the path from ``n`` up; a node unlocked last becomes evictable (the
+    caller refreshes it with eviction: ``_refresh_path(..., UNLOCKED_LAST, ...)``)."""
+    while n != ROOT:
+        nodes[n, LOCK_REF] -= 1
+        if nodes[n, LOCK_REF] == 0:
+            ints[EVICTABLE] += nodes[n, KEY_TOKENS]
+            ints[PROTECTED] -= nodes[n, KEY_TOKENS]
+        n = nodes[n, PARENT]
+
+
+LOCKED_FIRST, UNLOCKED_LAST = 1, 0  # a node's lock after a walk that changed its evictability
+
+
+@njit(cache=True, error_model="numpy")
 def _refresh_path(t: Tree, n: int, changed: int, policy: int) -> None:
-    """Refresh the nodes on the path from ``n`` up that ``_count_locks`` just moved: locks move
-    by one, so those now at ``changed`` (1 after locking, 0 after unlocking) are the ones whose
-    evictability changed. Refreshing them after the walk, not during it, pushes the same heap
-    entries (a node's eviction key does not read its lock)."""
+    """Refresh the nodes on the path from ``n`` up whose evictability the lock walk just changed:
+    locks move by one, so they are those whose lock is now ``changed``. Refreshing them after the
+    walk, not during it, pushes the same heap entries (a node's eviction key does not read
+    locks, and only the path's lowest node can be a leaf)."""
     while n != ROOT:
         if t.nodes[n, LOCK_REF] == changed:
             _refresh(t, n, policy)
@@ -676,8 +683,12 @@ def _checkpoint(
     if 0 < prompt_pages < length:
         split = rules.sglang_split_priority(priority)
         _insert(t, tokens, cum, prompt_pages, ns, prompt_pages, prompt_pages, split, ps, policy)
-    _unlock(t, node, policy)
-    _lock(t, last, policy)
+    _unlock(t.nodes, t.ints, node)
+    if policy != NO_EVICTION:
+        _refresh_path(t, node, UNLOCKED_LAST, policy)
+    _lock(t.nodes, t.ints, last)
+    if policy != NO_EVICTION:
+        _refresh_path(t, last, LOCKED_FIRST, policy)
     return last, length, max(inserted, length), new_tokens
 
 
@@ -778,8 +789,8 @@ def replay_sequential(
         room = len(t.arena) - t.ints[ARENA_TOP]
         if t.ints[FREE_TOP] < nodes_needed(prompt_tokens_in, chunk) or room < prompt_len + n_out:
             return i
-        buf[:prompt_len] = prompt_tokens[p0:p1]
-        buf[prompt_len : prompt_len + n_out] = output_tokens[o0:o1]
+        _copy(buf, 0, prompt_tokens, p0, prompt_len)
+        _copy(buf, prompt_len, output_tokens, o0, n_out)
         ns = namespace[i]
         evicted_before, splits_before = t.ints[EVICTED], t.ints[SPLITS]
         if refresh:
@@ -791,7 +802,9 @@ def replay_sequential(
         matched, node = _match(t, buf, cum, limit, ns, ps, policy)
         prio = priority[i]
         hit[i] = _at(cum, matched)
-        _lock(t, node, policy)
+        _lock(t.nodes, t.ints, node)
+        if policy != NO_EVICTION:
+            _refresh_path(t, node, LOCKED_FIRST, policy)
         protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
         start, is_first = matched, True
         while True:  # prefill chunks (PrefillAdder), cut in tokens
@@ -855,7 +868,9 @@ def replay_sequential(
         )
         new_tokens += added
         _take(t, -((final_tokens + ps - 1) // ps - _at(cum, protected) // ps) * ps, bounded)
-        _unlock(t, node, policy)
+        _unlock(t.nodes, t.ints, node)
+        if policy != NO_EVICTION:
+            _refresh_path(t, node, UNLOCKED_LAST, policy)
         evicted[i] = t.ints[EVICTED] - evicted_before
         splits[i] = t.ints[SPLITS] - splits_before
         inserted_tokens[i] = new_tokens
