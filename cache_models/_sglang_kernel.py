@@ -53,13 +53,14 @@ KEY_TOKENS = 11  # the tokens the key stands for (KEY_LEN for tokens, its runs' 
 N_NODE_COLUMNS = 12
 # Columns of Tree.times (SGLang's logical clock).
 LAST_ACCESS, CREATION = 0, 1
-# Columns of Tree.table (the child map) and Tree.heap_refs.
+# Columns of Tree.table (the child map) and Tree.heap (node and version are exact as floats).
 SLOT_NODE, SLOT_HASH = 0, 1
-ENTRY_NODE, ENTRY_VERSION = 0, 1
+ENTRY_KEY, ENTRY_TIE, ENTRY_NODE, ENTRY_VERSION = 0, 1, 2, 3
 # Slots of Tree.ints.
 FREE_TOP, ARENA_TOP, EVICTABLE, PROTECTED, POOL_FREE, HEAP_SIZE, TABLE_FILL = range(7)
 SPLITS, EVICTED, PASSES, LAST_VERSION, CLOCK = 7, 8, 9, 10, 11
 SLRU_THRESHOLD, TLRU_TAIL, N_INTS = 12, 13, 14  # the policy's parameters
+FREE_STACK = N_INTS  # Tree.ints[FREE_STACK + k]: the stack of unused rows, FREE_TOP of them
 
 _FNV_OFFSET = -3750763034362895579  # 0xcbf29ce484222325 as int64
 _FNV_PRIME = 1099511628211
@@ -70,12 +71,10 @@ class Tree(NamedTuple):
 
     nodes: np.ndarray  # int64[rows, N_NODE_COLUMNS]
     times: np.ndarray  # float64[rows, 2]: last access, creation
-    free_ids: np.ndarray  # int64 stack of unused rows
     arena: np.ndarray  # int32 tokens
     table: np.ndarray  # int64[slots, 2]: node (or EMPTY / TOMB), hash
-    heap_keys: np.ndarray  # float64[entries, 2]: policy key, last access (the tie-break)
-    heap_refs: np.ndarray  # int64[entries, 2]: node, version
-    ints: np.ndarray  # int64 scalars, see the slot names above
+    heap: np.ndarray  # float64[entries, 4]: policy key, last access (the tie-break), node, version
+    ints: np.ndarray  # int64 scalars (see the slot names above), then the stack of unused rows
 
 
 def new_tree(n_rows: int, arena_tokens: int, pool_tokens: int) -> Tree:
@@ -85,19 +84,18 @@ def new_tree(n_rows: int, arena_tokens: int, pool_tokens: int) -> Tree:
     tree = Tree(
         nodes=np.zeros((n_rows, N_NODE_COLUMNS), np.int64),
         times=np.zeros((n_rows, 2), np.float64),
-        free_ids=np.arange(n_rows - 1, -1, -1, dtype=np.int64),
         arena=np.zeros(max(arena_tokens, 16), np.int32),
         table=np.full((table_size, 2), EMPTY, np.int64),
-        heap_keys=np.zeros((2 * n_rows + 2, 2), np.float64),
-        heap_refs=np.zeros((2 * n_rows + 2, 2), np.int64),
-        ints=np.zeros(N_INTS, np.int64),
+        heap=np.zeros((2 * n_rows + 2, 4), np.float64),
+        ints=np.zeros(FREE_STACK + n_rows, np.int64),
     )
     tree.nodes[:, VERSION] = -1
     tree.nodes[ROOT, PARENT] = -1
     tree.nodes[ROOT, LOCK_REF] = 1
     tree.nodes[ROOT, PRIORITY] = ROOT_PRIORITY
     tree.nodes[ROOT, VERSION] = 0
-    tree.ints[FREE_TOP] = n_rows - 1  # free_ids[:FREE_TOP] are free; the root is the last
+    tree.ints[FREE_STACK:] = np.arange(n_rows - 1, -1, -1)
+    tree.ints[FREE_TOP] = n_rows - 1  # the root is the last on the stack, taken
     tree.ints[POOL_FREE] = pool_tokens
     return tree
 
@@ -111,9 +109,10 @@ def grown(tree: Tree, n_rows: int, arena_tokens: int, page_size: int, policy: in
     bigger.nodes[:old] = tree.nodes
     bigger.times[:old] = tree.times
     top = int(tree.ints[FREE_TOP])
-    bigger.free_ids[: n_rows - old] = np.arange(n_rows - 1, old - 1, -1)
-    bigger.free_ids[n_rows - old : n_rows - old + top] = tree.free_ids[:top]
-    bigger.ints[:] = tree.ints
+    stack = bigger.ints[FREE_STACK:]
+    stack[: n_rows - old] = np.arange(n_rows - 1, old - 1, -1)
+    stack[n_rows - old : n_rows - old + top] = tree.ints[FREE_STACK : FREE_STACK + top]
+    bigger.ints[:FREE_STACK] = tree.ints[:FREE_STACK]
     bigger.ints[FREE_TOP] = top + n_rows - old
     _compact_arena(bigger, tree.arena)
     _rehash(bigger.table, bigger.nodes, bigger.arena, bigger.ints, page_size)
@@ -135,7 +134,7 @@ def _new_node(
 ) -> int:
     top = t.ints[FREE_TOP] - 1
     t.ints[FREE_TOP] = top
-    n = t.free_ids[top]
+    n = t.ints[FREE_STACK + top]
     t.nodes[n, PARENT] = parent
     t.nodes[n, N_CHILDREN] = 0
     t.nodes[n, KEY_START] = start
@@ -154,7 +153,7 @@ def _new_node(
 @njit(cache=True, error_model="numpy", inline="always")
 def _free_node(t: Tree, n: int) -> None:
     t.nodes[n, VERSION] = -1
-    t.free_ids[t.ints[FREE_TOP]] = n
+    t.ints[FREE_STACK + t.ints[FREE_TOP]] = n
     t.ints[FREE_TOP] += 1
 
 
@@ -266,18 +265,18 @@ def _rehash(
 # -- eviction heap ---------------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy", inline="always")
 def _less(t: Tree, a: int, b: int) -> bool:
-    if t.heap_keys[a, 0] != t.heap_keys[b, 0]:
-        return t.heap_keys[a, 0] < t.heap_keys[b, 0]
-    if t.heap_keys[a, 1] != t.heap_keys[b, 1]:
-        return t.heap_keys[a, 1] < t.heap_keys[b, 1]
-    return t.heap_refs[a, ENTRY_NODE] < t.heap_refs[b, ENTRY_NODE]
+    h = t.heap
+    if h[a, ENTRY_KEY] != h[b, ENTRY_KEY]:
+        return h[a, ENTRY_KEY] < h[b, ENTRY_KEY]
+    if h[a, ENTRY_TIE] != h[b, ENTRY_TIE]:
+        return h[a, ENTRY_TIE] < h[b, ENTRY_TIE]
+    return h[a, ENTRY_NODE] < h[b, ENTRY_NODE]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _swap(t: Tree, a: int, b: int) -> None:
-    for c in range(2):
-        t.heap_keys[a, c], t.heap_keys[b, c] = t.heap_keys[b, c], t.heap_keys[a, c]
-        t.heap_refs[a, c], t.heap_refs[b, c] = t.heap_refs[b, c], t.heap_refs[a, c]
+    for c in range(4):
+        t.heap[a, c], t.heap[b, c] = t.heap[b, c], t.heap[a, c]
 
 
 @njit(cache=True, error_model="numpy")
@@ -324,14 +323,14 @@ def _is_evictable_leaf(t: Tree, n: int) -> bool:
 
 @njit(cache=True, error_model="numpy")
 def _push(t: Tree, n: int, policy: int) -> None:
-    if t.ints[HEAP_SIZE] == len(t.heap_refs):
+    if t.ints[HEAP_SIZE] == len(t.heap):
         _rebuild_heap(t, policy)
         return  # the rebuild pushed every evictable leaf, n included
     i = t.ints[HEAP_SIZE]
     t.ints[HEAP_SIZE] = i + 1
-    t.heap_keys[i, 0], t.heap_keys[i, 1] = _eviction_key(t, n, policy)
-    t.heap_refs[i, ENTRY_NODE] = n
-    t.heap_refs[i, ENTRY_VERSION] = t.nodes[n, VERSION]
+    t.heap[i, ENTRY_KEY], t.heap[i, ENTRY_TIE] = _eviction_key(t, n, policy)
+    t.heap[i, ENTRY_NODE] = n
+    t.heap[i, ENTRY_VERSION] = t.nodes[n, VERSION]
     while i > 0:
         up = (i - 1) // 2
         if not _less(t, i, up):
@@ -349,9 +348,9 @@ def _rebuild_heap(t: Tree, policy: int) -> None:
         return
     for n in range(1, len(t.nodes)):
         if t.nodes[n, VERSION] >= 0 and _is_evictable_leaf(t, n):
-            t.heap_keys[size, 0], t.heap_keys[size, 1] = _eviction_key(t, n, policy)
-            t.heap_refs[size, ENTRY_NODE] = n
-            t.heap_refs[size, ENTRY_VERSION] = t.nodes[n, VERSION]
+            t.heap[size, ENTRY_KEY], t.heap[size, ENTRY_TIE] = _eviction_key(t, n, policy)
+            t.heap[size, ENTRY_NODE] = n
+            t.heap[size, ENTRY_VERSION] = t.nodes[n, VERSION]
             size += 1
     t.ints[HEAP_SIZE] = size
     for i in range(size // 2 - 1, -1, -1):
@@ -373,7 +372,7 @@ def _refresh(t: Tree, n: int, policy: int) -> None:
 @njit(cache=True, error_model="numpy")
 def _pop_leaf(t: Tree) -> int:
     while t.ints[HEAP_SIZE] > 0:
-        n, ver = t.heap_refs[0, ENTRY_NODE], t.heap_refs[0, ENTRY_VERSION]
+        n, ver = np.int64(t.heap[0, ENTRY_NODE]), np.int64(t.heap[0, ENTRY_VERSION])
         last = t.ints[HEAP_SIZE] - 1
         _swap(t, np.int64(0), last)
         t.ints[HEAP_SIZE] = last
