@@ -6,8 +6,13 @@ tokens are a span of one token arena. Children are found through an open-address
 deletion: every change to a node's key or evictability gives it a new version, and only the entry
 carrying the current version counts. The replay stops before a request when node rows or arena room
 run short; the caller (``sglang_radix._replay_fast``, the adapter) grows them and resumes, so
-memory follows the live tree and the pool, not the log. The tree is a handful of arrays because
-every call passes (and reference-counts) each one.
+memory follows the live tree and the pool, not the log.
+
+A call from one compiled function to another counts a reference to every array it is passed, an
+atomic increment and decrement each, which had taken over half of the replay: the tree is six
+arrays, the helpers called for every node or request (the child map, the lock walks, token
+copies) take the arrays they use or are inlined, and an unbounded pool (``NO_EVICTION``, no heap)
+makes no call for eviction, allocation or heap refreshes at all.
 
 The server settings follow the reference exactly: each request's ``priority`` goes into every
 insert (``UnifiedRadixCache`` inserts with ``req.priority or 0``, the prompt split with + 1);
