@@ -4,12 +4,13 @@ whole or chunk by chunk (a log of billions of tokens never has to be in memory a
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from analyzer.chat import ChatRenderer, chat_renderer
@@ -17,13 +18,14 @@ from analyzer.errors import PrefixcheckError, SkipLog
 from analyzer.loaders import LoadResult, iter_records
 from analyzer.loaders.mapped import FieldMap
 from analyzer.progress import Progress
-from analyzer.records import Record
+from analyzer.records import Columns, HashLines, Record, RecordList, TokenLines
 from analyzer.report import SkipSummary
 from analyzer.token_cache import CacheStats
 from analyzer.tokenizer import Tokenizer, load_tokenizer
 from analyzer.workload import (
     ChunkState,
     TokenizedLog,
+    build_lines_workload,
     build_run_workload,
     build_workload,
     hash_trace_of,
@@ -68,7 +70,7 @@ class Ingested:
 class Chunk:
     """Some consecutive requests: as read, and tokenized."""
 
-    records: list[Record]
+    records: Sequence[Record]  # a RecordList where the lines were read as Columns
     tokenized: TokenizedLog
 
 
@@ -87,6 +89,12 @@ class ChunkedIngest:
 
     def records(self) -> Iterator[Record]:
         """The requests of the inputs, as they are read (the loaders' order)."""
+        for item in self.items(columns=False):
+            assert isinstance(item, Record)
+            yield item
+
+    def items(self, columns: bool = True) -> Iterator[Record | Columns]:
+        """``records()``, with plain pre-tokenized and Mooncake lines as Columns (``columns``)."""
         return iter_records(
             self.paths,
             self.options.format,
@@ -94,36 +102,58 @@ class ChunkedIngest:
             strict=self.options.strict,
             hash_block_size=self.options.hash_block_size,
             fields=self.options.fields,
+            columns=columns,
         )
 
+    def _read(self) -> Iterator[Record | Columns]:
+        """What ``chunks`` cuts: ``items()``, or ``records()`` where a subclass reads its own."""
+        overridden = type(self).records is not ChunkedIngest.records
+        return self.records() if overridden else self.items()
+
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
-        records = self.records()
+        records = self._read()
         chunk = self.options.hash_runs
         if chunk is not None:
             first = next(records, None)
             records = chain([] if first is None else [first], records)
-            blocks = None if first is None else first.hash_blocks
-            if blocks is not None and chunk % blocks.block_size == 0:
+            size = None if first is None else _block_size(first)
+            if size is not None and chunk % size == 0:
                 read = list(records)  # its ids: a few bytes per block
-                sizes = {None if r.hash_blocks is None else r.hash_blocks.block_size for r in read}
-                if sizes == {blocks.block_size}:
+                if {_block_size(item) for item in read} == {size}:
                     yield from self._run_chunks(read, chunk_records, chunk)
                     return
                 records = iter(read)  # mixed formats or block sizes: all of it as tokens
         meter = self.loaded.meter
         done, requests = 0, 0  # bytes and requests of the chunks processed so far
-        while batch := _take(records, chunk_records, self._reading(done, requests)):
+        pending = _Pending(records)
+        while taken := _take(pending, chunk_records, self._reading(done, requests)):
             read = meter.position()
-            requests += len(batch)
-            chunk_progress = _ChunkProgress(self.progress, meter.total, done, read, requests)
+            requests += _count(taken)
             if self.tokenizer is None and (
                 self.options.tokenizer
-                or any(r.messages is not None or r.prompt is not None for r in batch)
+                or any(
+                    isinstance(r, Record) and (r.messages is not None or r.prompt is not None)
+                    for r in taken
+                )
             ):
                 self.tokenizer = load_tokenizer(
                     self.options.tokenizer, fast=self.options.fast_tokenizer
                 )
                 self.renderer = None
+            if all(isinstance(item, TokenLines) for item in taken):  # no Record: their columns
+                lines: list[TokenLines] = taken  # type: ignore[assignment]
+                tokenized = build_lines_workload(
+                    lines,
+                    self.state,
+                    routing_fields=self.options.fields.routing if self.options.fields else (),
+                )
+                done = read
+                self.report("reading", requests)
+                gc.freeze()
+                yield Chunk(RecordList(lines), tokenized)
+                continue
+            batch = _as_records(taken)
+            chunk_progress = _ChunkProgress(self.progress, meter.total, done, read, requests)
             tokenized = build_workload(
                 batch,
                 self.tokenizer or load_tokenizer(None),
@@ -144,20 +174,22 @@ class ChunkedIngest:
             gc.freeze()
             yield Chunk(batch, tokenized)
 
-    def _run_chunks(self, read: list[Record], chunk_records: int, chunk: int) -> Iterator[Chunk]:
+    def _run_chunks(
+        self, read: list[Record | Columns], chunk_records: int, chunk: int
+    ) -> Iterator[Chunk]:
         """A hash-id trace as runs: every line read first (the runs of an id are cut where any
         request holding it needs a boundary, SGLang's prefill chunks of ``chunk`` tokens
         included), then chunks of runs. A chunk size that is not a multiple of the trace's
         block takes the tokens (its cuts could land at any offset of a block)."""
-        self.report("reading", len(read))
+        self.report("reading", _count(read))
         trace = hash_trace_of(read)
         # The whole trace as runs, then a view per chunk (its unknown ids are those of chunk
         # by chunk passes: numbered in request order).
         _, runs, self.state.next_unknown = trace_runs(trace, chunk, self.state.next_unknown)
         requests, start = 0, 0
-        batches = iter(read)
+        batches = _Pending(iter(read))
         while batch := _take(batches, chunk_records):
-            stop = start + len(batch)
+            stop = start + _count(batch)
             tokenized = build_run_workload(
                 batch,
                 trace.select(slice(start, stop)),
@@ -166,9 +198,9 @@ class ChunkedIngest:
                 routing_fields=self.options.fields.routing if self.options.fields else (),
             )
             start = stop
-            requests += len(batch)
+            requests += _count(batch)
             self.report("reading", requests)
-            yield Chunk(batch, tokenized)
+            yield Chunk(_record_list(batch), tokenized)
 
     def report(self, step: str, requests: int | None = None) -> None:
         """Tell the progress sink that the chunks so far are at ``step`` (replaying...)."""
@@ -208,25 +240,98 @@ class ChunkedIngest:
             raise PrefixcheckError(
                 f"no requests in the input ({summary.count} lines skipped{detail})"
             )
-        self.loaded.records = [r for c in chunks for r in c.records]
+        self.loaded.records = RecordList([part for c in chunks for part in _parts(c.records)])
         return Ingested(self.loaded, merge(chunks, self.state), self.tokenizer, self._renderer())
 
 
+class _Pending:
+    """The items still to be cut into chunks: the rest of Columns cut in two comes first."""
+
+    def __init__(self, items: Iterator[Record | Columns]) -> None:
+        self.items = items
+        self.held: Record | Columns | None = None
+
+    def next(self) -> Record | Columns | None:
+        item, self.held = self.held, None
+        return item if item is not None else next(self.items, None)
+
+
 def _take(
-    records: Iterator[Record], limit: int, reading: Callable[[int], None] | None = None
-) -> list[Record]:
-    """The next records, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens;
-    ``reading(count)`` is told at the first record and every PROGRESS_EVERY records after."""
-    batch: list[Record] = []
-    tokens = 0
-    for record in islice(records, limit):
-        batch.append(record)
-        tokens += _estimated_tokens(record)
-        if reading is not None and len(batch) % PROGRESS_EVERY == 1:
-            reading(len(batch))
+    items: _Pending | Iterator[Record],
+    limit: int,
+    reading: Callable[[int], None] | None = None,
+) -> list[Record | Columns]:
+    """The next requests, up to ``limit`` of them or about CHUNK_TOKENS prompt tokens (the
+    lines of Columns counted one by one, as Records); ``reading(count)`` is told at the first
+    request and every PROGRESS_EVERY requests after."""
+    pending = items if isinstance(items, _Pending) else _Pending(items)
+    batch: list[Record | Columns] = []
+    count = tokens = 0
+    while count < limit and (item := pending.next()) is not None:
+        if isinstance(item, Columns):
+            # the lines up to the limit, and up to the first that reaches CHUNK_TOKENS
+            reached = tokens + np.cumsum(item.estimated_tokens()[: limit - count])
+            stop = min(len(reached), int(np.searchsorted(reached, CHUNK_TOKENS)) + 1)
+            if stop < len(item):
+                pending.held = item.slice(stop, len(item))
+                item = item.slice(0, stop)
+            shown = (count + PROGRESS_EVERY - 1) // PROGRESS_EVERY * PROGRESS_EVERY + 1
+            count, tokens = count + len(item), int(reached[stop - 1])
+            batch.append(item)
+            if reading is not None and shown <= count:
+                reading(count)
+        else:
+            batch.append(item)
+            count += 1
+            tokens += _estimated_tokens(item)
+            if reading is not None and count % PROGRESS_EVERY == 1:
+                reading(count)
         if tokens >= CHUNK_TOKENS:
             break
     return batch
+
+
+def _as_records(items: Iterable[Record | Columns]) -> list[Record]:
+    """The items' Records, Columns read into theirs."""
+    return [
+        record
+        for item in items
+        for record in (item.records() if isinstance(item, Columns) else (item,))
+    ]
+
+
+def _record_list(items: Sequence[Record | Columns]) -> Sequence[Record]:
+    """A chunk's items as its records: a list, or a RecordList where some are Columns."""
+    if not any(isinstance(item, Columns) for item in items):
+        return list(items)  # type: ignore[arg-type]
+    parts: list[Sequence[Record] | Columns] = []
+    for item in items:
+        if isinstance(item, Columns):
+            parts.append(item)
+        elif parts and isinstance(parts[-1], list):
+            parts[-1].append(item)
+        else:
+            parts.append([item])
+    return RecordList(parts)
+
+
+def _parts(records: Sequence[Record]) -> Sequence[Sequence[Record] | Columns]:
+    """A chunk's records as RecordList parts."""
+    return records.parts if isinstance(records, RecordList) else [records]
+
+
+def _count(items: Sequence[Record | Columns]) -> int:
+    """Requests among ``items``."""
+    return sum(len(item) if isinstance(item, Columns) else 1 for item in items)
+
+
+def _block_size(item: Record | Columns) -> int | None:
+    """The block of a hash-id trace's request, None for any other."""
+    if isinstance(item, HashLines):
+        return item.block_size
+    if isinstance(item, Record) and item.hash_blocks is not None:
+        return item.hash_blocks.block_size
+    return None
 
 
 @dataclass

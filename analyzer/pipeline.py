@@ -35,7 +35,7 @@ from analyzer.prefixes import (
     template_groups,
 )
 from analyzer.progress import NoProgress, Progress
-from analyzer.records import Record
+from analyzer.records import Record, any_messages
 from analyzer.replay import Replayed, Replays, ReplaySettings, replay_log, sample_of
 from analyzer.report import (
     DiagnosisScope,
@@ -486,7 +486,7 @@ def _model_summaries(
 
 
 def _has_chats(loaded: LoadResult) -> bool:
-    return any(r.messages for r in loaded.records)
+    return any_messages(loaded.records)
 
 
 def _leading_sample(replayed: Replayed, budget: int | None) -> Replayed:

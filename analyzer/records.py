@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -68,3 +70,176 @@ class Record:
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None  # None: as the engine does for a chat / a prompt
+
+
+@dataclass(frozen=True)
+class TokenLines:
+    """Consecutive plain pre-tokenized lines of one file as columns: what their Records hold
+    (``loaders.token_ids.plain_lines``, the compiled reader), without an object per line.
+    ``records()`` gives those Records; ``workload.build_lines_workload`` reads the columns."""
+
+    file: str
+    lines: np.ndarray  # int64: each line's number
+    prompt_ids: np.ndarray  # int32, flat
+    prompt_offsets: np.ndarray  # int64, one more than lines
+    output_ids: np.ndarray  # int32, flat; an empty answer is none given
+    output_offsets: np.ndarray
+    finish_reason: list[str | None]
+    cache_salt: list[str | None]  # as a Record holds them: an empty salt or LoRA is None
+    lora: list[str | None]
+    model: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        return np.diff(self.prompt_offsets)
+
+    def estimated_tokens(self) -> np.ndarray:
+        """Each line's prompt tokens (``ingest._estimated_tokens``: no claimed answer length)."""
+        return self.prompt_lengths
+
+    def slice(self, start: int, stop: int) -> TokenLines:
+        """Lines ``start`` to ``stop`` (their ids are views)."""
+        p, o = self.prompt_offsets, self.output_offsets
+        return TokenLines(
+            self.file,
+            self.lines[start:stop],
+            self.prompt_ids[p[start] : p[stop]],
+            p[start : stop + 1] - p[start],
+            self.output_ids[o[start] : o[stop]],
+            o[start : stop + 1] - o[start],
+            self.finish_reason[start:stop],
+            self.cache_salt[start:stop],
+            self.lora[start:stop],
+            self.model[start:stop],
+        )
+
+    def records(self, with_ids: bool = True) -> list[Record]:
+        """The lines' Records (``with_ids`` False: without their ids, as a Record is once the
+        workload holds them)."""
+        p, o = self.prompt_offsets.tolist(), self.output_offsets.tolist()
+        out = []
+        for i, line in enumerate(self.lines.tolist()):
+            answer = with_ids and o[i + 1] > o[i]
+            out.append(
+                Record(
+                    file=self.file,
+                    line=line,
+                    prompt_token_ids=self.prompt_ids[p[i] : p[i + 1]] if with_ids else None,
+                    output_token_ids=self.output_ids[o[i] : o[i + 1]] if answer else None,
+                    finish_reason=self.finish_reason[i],
+                    cache_salt=self.cache_salt[i],
+                    lora=self.lora[i],
+                    model=self.model[i],
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class HashLines:
+    """Consecutive plain Mooncake hash-id lines of one file as columns (``loaders.hash_trace.
+    plain_lines``): what their Records hold, without an object per line."""
+
+    file: str
+    lines: np.ndarray  # int64: each line's number
+    ids: np.ndarray  # int64, flat: each line's prompt ids, then its answer's
+    id_offsets: np.ndarray  # int64, one more than lines
+    block_size: int
+    prompt_length: np.ndarray  # int64
+    known_length: np.ndarray  # int64: tokens the ids spell
+    output_length: np.ndarray  # int64; -1: none given
+    arrival_s: np.ndarray  # float64 seconds; NaN: none given
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def estimated_tokens(self) -> np.ndarray:
+        """Each line's prompt and claimed answer tokens (``ingest._estimated_tokens``)."""
+        return self.prompt_length + np.maximum(self.output_length, 0)
+
+    def slice(self, start: int, stop: int) -> HashLines:
+        """Lines ``start`` to ``stop`` (their ids are views)."""
+        o = self.id_offsets
+        return HashLines(
+            self.file,
+            self.lines[start:stop],
+            self.ids[o[start] : o[stop]],
+            o[start : stop + 1] - o[start],
+            self.block_size,
+            self.prompt_length[start:stop],
+            self.known_length[start:stop],
+            self.output_length[start:stop],
+            self.arrival_s[start:stop],
+        )
+
+    def records(self, with_ids: bool = True) -> list[Record]:
+        """The lines' Records (their ids are a trace's few per block: kept either way)."""
+        o = self.id_offsets.tolist()
+        arrivals = [None if math.isnan(a) else a for a in self.arrival_s.tolist()]
+        outputs = [None if n < 0 else n for n in self.output_length.tolist()]
+        return [
+            Record(
+                file=self.file,
+                line=line,
+                hash_blocks=HashBlocks(self.ids[o[i] : o[i + 1]], self.block_size, prompt, known),
+                output_length=outputs[i],
+                arrival_s=arrivals[i],
+            )
+            for i, (line, prompt, known) in enumerate(
+                zip(
+                    self.lines.tolist(),
+                    self.prompt_length.tolist(),
+                    self.known_length.tolist(),
+                    strict=True,
+                )
+            )
+        ]
+
+
+Columns = TokenLines | HashLines  # lines read as columns
+
+
+class RecordList(Sequence[Record]):
+    """Records held as lists and as Columns (whose Records are made as they are read, a
+    TokenLines' without ids): a log's requests without an object per plain line."""
+
+    def __init__(self, parts: Sequence[Sequence[Record] | Columns]) -> None:
+        self.parts = [part for part in parts if len(part)]
+        self._starts = np.cumsum([0, *(len(part) for part in self.parts)])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __iter__(self) -> Iterator[Record]:
+        for part in self.parts:
+            yield from part.records(with_ids=False) if isinstance(part, Columns) else part
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Record]: ...
+    def __getitem__(self, index: int | slice) -> Record | list[Record]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        k = int(np.searchsorted(self._starts, index, side="right")) - 1
+        part = self.parts[k]
+        at = index - int(self._starts[k])
+        if isinstance(part, Columns):
+            return part.slice(at, at + 1).records(with_ids=False)[0]
+        return part[at]
+
+
+def any_messages(records: Sequence[Record]) -> bool:
+    """Whether any request is a chat, without making a RecordList's Records (Columns never
+    are)."""
+    if isinstance(records, RecordList):
+        return any(
+            r.messages for part in records.parts if not isinstance(part, Columns) for r in part
+        )
+    return any(r.messages for r in records)

@@ -14,7 +14,7 @@ from analyzer.errors import BadLine, PrefixcheckError, Skip, SkipLog, StrictMode
 from analyzer.loaders.guard import check_unicode, unexpected
 from analyzer.loaders.hash_trace import expanded
 from analyzer.progress import NoProgress, Progress
-from analyzer.records import Record
+from analyzer.records import HashLines, Record, TokenLines
 from analyzer.token_cache import CacheStats, cached_ids, encode_texts, store_ids
 from analyzer.tokenizer import Tokenizer
 from cache_models.hash_runs import HashTrace
@@ -203,60 +203,198 @@ def build_workload(
     )
 
 
+def build_lines_workload(
+    pieces: Sequence[TokenLines], chunk_state: ChunkState, routing_fields: Sequence[str] = ()
+) -> TokenizedLog:
+    """``build_workload`` of the pieces' Records, from their columns: the same workload, rows,
+    namespaces and unknown answer ids (a line without answer ids gets one unknown token), with
+    no object per line. Plain lines have no time, priority or other cache field."""
+    prompts = np.concatenate([piece.prompt_ids for piece in pieces])
+    answers = np.concatenate([piece.output_ids for piece in pieces])
+    prompt_lengths = np.concatenate([piece.prompt_lengths for piece in pieces])
+    answer_lengths = np.concatenate([np.diff(piece.output_offsets) for piece in pieces])
+    known = answer_lengths > 0
+    output_lengths = np.where(known, answer_lengths, 1)
+    outputs = np.empty(int(output_lengths.sum()), np.int32)
+    given = np.repeat(known, output_lengths)
+    outputs[given] = answers
+    unknown = len(known) - int(known.sum())
+    first = chunk_state.next_unknown
+    outputs[~given] = np.arange(first, first - unknown, -1, dtype=np.int32)
+    chunk_state.next_unknown = first - unknown
+    column = {
+        name: [value for piece in pieces for value in getattr(piece, name)]
+        for name in ("model", "cache_salt", "lora", "finish_reason")
+    }
+    ids = chunk_state.namespace_ids
+    chunk_state.models.update(model or "" for model in column["model"])
+    namespace = np.array(
+        [
+            ids.setdefault((model or "", salt or "", lora or "", ""), len(ids))
+            for model, salt, lora in zip(
+                column["model"], column["cache_salt"], column["lora"], strict=True
+            )
+        ],
+        np.int32,
+    )
+    n = len(known)
+    workload = Workload(
+        prompt_tokens=prompts,
+        prompt_offsets=offsets_of(prompt_lengths),
+        output_tokens=outputs,
+        output_offsets=offsets_of(output_lengths),
+        namespace=namespace,
+        stop_finish=np.array([_is_stop(f) for f in column["finish_reason"]], bool),
+    )
+    nulls = [None] * n
+    requests = _frame(
+        {
+            "file": [piece.file for piece in pieces for _ in range(len(piece))],
+            "line": np.concatenate([piece.lines for piece in pieces]),
+            **column,
+            "arrival_s": nulls,
+            "tenant": nulls,
+            "server_cached_tokens": nulls,
+            "server_prompt_tokens": nulls,
+        },
+        workload.prompt_lengths,
+        workload.output_lengths,
+        known.tolist(),
+        {path: nulls for path in routing_fields},
+    )
+    return TokenizedLog(
+        workload=workload,
+        requests=requests,
+        skips=SkipLog(),
+        namespace_labels=chunk_state.labels(),
+        from_text=False,
+        assumed_stop_finish=column["finish_reason"].count(None),
+    )
+
+
 def build_run_workload(
-    records: Sequence[Record],
+    items: Sequence[Record | HashLines],
     trace: HashTrace,
     runs: RunWorkload,
     *,
     chunk_state: ChunkState,
     routing_fields: Sequence[str] = (),
 ) -> TokenizedLog:
-    """Records of a hash-id trace (``trace`` holds their ids as columns, ``runs`` their runs:
-    ``cache_models.hash_runs.run_workload``) with the same requests, rows and namespaces as
-    ``build_workload`` gives them, the tokens left unexpanded."""
-    namespace, namespace_labels = _namespaces(records, chunk_state)
+    """Records (or HashLines) of a hash-id trace (``trace`` holds their ids as columns, ``runs``
+    their runs: ``cache_models.hash_runs.run_workload``) with the same requests, rows and
+    namespaces as ``build_workload`` gives them, the tokens left unexpanded."""
+    if all(isinstance(item, HashLines) for item in items):
+        lines: Sequence[HashLines] = items  # type: ignore[assignment]
+        n = sum(len(piece) for piece in lines)
+        ids = chunk_state.namespace_ids  # no line has a model, salt, LoRA or extra key
+        ids.setdefault(("", "", "", ""), len(ids))
+        chunk_state.models.add("")
+        namespace = np.full(n, ids[("", "", "", "")], np.int32)
+        namespace_labels = chunk_state.labels()
+        stop_finish = np.ones(n, bool)  # no finish reason: a stop
+        arrival = np.concatenate([piece.arrival_s for piece in lines]) if lines else None
+        arrival_s = None if arrival is None or np.isnan(arrival).any() else arrival
+        nulls = [None] * n
+        columns = {name: nulls for name in RECORD_COLUMNS} | {
+            "file": [piece.file for piece in lines for _ in range(len(piece))],
+            "line": np.concatenate([piece.lines for piece in lines]),
+            "arrival_s": nulls if arrival_s is None else arrival_s,
+        }
+        if arrival is not None and arrival_s is None:  # some lines have a time
+            columns["arrival_s"] = [None if np.isnan(a) else a for a in arrival.tolist()]
+        routing = {path: nulls for path in routing_fields}
+        assumed_stop = n
+    else:
+        records = [r for item in items for r in _item_records(item)]
+        namespace, namespace_labels = _namespaces(records, chunk_state)
+        stop_finish = np.array([_is_stop(r.finish_reason) for r in records], bool)
+        arrival_s = _arrivals(records)
+        columns = {name: [getattr(r, name) for r in records] for name in RECORD_COLUMNS}
+        routing = {path: [(r.routing or {}).get(path) for r in records] for path in routing_fields}
+        assumed_stop = sum(r.finish_reason is None for r in records)
     workload = replace(
         runs,
-        runs=replace(
-            runs.runs,
-            namespace=namespace,
-            stop_finish=np.array([_is_stop(r.finish_reason) for r in records], bool),
-            arrival_s=_arrivals(records),
-        ),
+        runs=replace(runs.runs, namespace=namespace, stop_finish=stop_finish, arrival_s=arrival_s),
     )
     return TokenizedLog(
         workload=workload,  # type: ignore[arg-type]  # a RunWorkload: replayed, never indexed
-        requests=_requests_frame(
-            records,
+        requests=_frame(
+            columns,
             trace.prompt_lengths,
             trace.output_lengths,
             trace.known_lengths > trace.prompt_lengths,
-            routing_fields,
+            routing,
         ),
         skips=SkipLog(),
         namespace_labels=namespace_labels,
         from_text=False,
-        assumed_stop_finish=sum(r.finish_reason is None for r in records),
+        assumed_stop_finish=assumed_stop,
     )
 
 
-def hash_trace_of(records: Sequence[Record]) -> HashTrace:
-    """The ids and lengths of hash-trace records of one block size as columns (namespace, finish
-    and arrival are set per chunk by ``build_run_workload``)."""
+def hash_trace_of(items: Sequence[Record | HashLines]) -> HashTrace:
+    """The ids and lengths of hash-trace records (or HashLines) of one block size as columns
+    (namespace, finish and arrival are set per chunk by ``build_run_workload``)."""
+    parts: list[HashLines] = []
+    records: list[Record] = []
+    for item in [*items, None]:  # consecutive records as one part
+        if isinstance(item, Record):
+            records.append(item)
+            continue
+        if records:
+            parts.append(_as_lines(records))
+            records = []
+        if item is not None:
+            parts.append(item)
+    if len({part.block_size for part in parts}) > 1:
+        raise ValueError("runs need hash-trace records of one block size")
+    n = sum(len(part) for part in parts)
+    return HashTrace(
+        ids=_flat([part.ids for part in parts]),
+        id_offsets=_joined([part.id_offsets for part in parts]),
+        block_size=parts[0].block_size if parts else 1,
+        prompt_lengths=_flat([part.prompt_length for part in parts]),
+        output_lengths=np.maximum(1, _flat([part.output_length for part in parts])),
+        known_lengths=_flat([part.known_length for part in parts]),
+        namespace=np.zeros(n, np.int32),
+        stop_finish=np.ones(n, bool),
+    )
+
+
+def _as_lines(records: Sequence[Record]) -> HashLines:
+    """Hash-trace records as the columns ``hash_trace_of`` reads (of one block size; their
+    file, lines and times, which it does not read, left blank)."""
     blocks = [r.hash_blocks for r in records if r.hash_blocks is not None]
     if len(blocks) != len(records) or len({b.block_size for b in blocks}) > 1:
         raise ValueError("runs need hash-trace records of one block size")
-    ids = [b.ids for b in blocks]
-    return HashTrace(
-        ids=np.concatenate(ids) if ids else np.zeros(0, np.int64),
-        id_offsets=offsets_of(np.array([len(i) for i in ids], np.int64)),
-        block_size=blocks[0].block_size if blocks else 1,
-        prompt_lengths=np.array([b.prompt_length for b in blocks], np.int64),
-        output_lengths=np.array([max(1, r.output_length or 1) for r in records], np.int64),
-        known_lengths=np.array([b.known_length for b in blocks], np.int64),
-        namespace=np.zeros(len(records), np.int32),
-        stop_finish=np.ones(len(records), bool),
+    return HashLines(
+        file="",
+        lines=np.zeros(len(records), np.int64),
+        ids=_flat([b.ids for b in blocks]),
+        id_offsets=offsets_of(np.array([len(b.ids) for b in blocks], np.int64)),
+        block_size=blocks[0].block_size,
+        prompt_length=np.array([b.prompt_length for b in blocks], np.int64),
+        known_length=np.array([b.known_length for b in blocks], np.int64),
+        output_length=np.array([r.output_length or 0 for r in records], np.int64),
+        arrival_s=np.zeros(len(records)),
     )
+
+
+def _flat(parts: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _joined(offsets: Sequence[np.ndarray]) -> np.ndarray:
+    """Offsets of consecutive parts, each from 0, as one array."""
+    out, base = [np.zeros(1, np.int64)], 0
+    for part in offsets:
+        out.append(part[1:] + base)
+        base += int(part[-1])
+    return np.concatenate(out)
+
+
+def _item_records(item: Record | HashLines) -> list[Record]:
+    return item.records() if isinstance(item, HashLines) else [item]
 
 
 def _expand_hash_blocks(records: Sequence[Record]) -> None:
@@ -274,27 +412,48 @@ def _requests_frame(
     routing_fields: Sequence[str],
 ) -> pl.DataFrame:
     """The metadata row of each request (input order)."""
+    return _frame(
+        {name: [getattr(r, name) for r in kept] for name in RECORD_COLUMNS},
+        prompt_tokens,
+        output_tokens,
+        output_known,
+        {path: [(r.routing or {}).get(path) for r in kept] for path in routing_fields},
+    )
+
+
+RECORD_COLUMNS = (
+    "file",
+    "line",
+    "model",
+    "cache_salt",
+    "lora",
+    "finish_reason",
+    "arrival_s",
+    "tenant",
+    "server_cached_tokens",
+    "server_prompt_tokens",
+)
+
+
+def _frame(
+    columns: dict[str, Sequence],
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    output_known: Sequence[bool],
+    routing: dict[str, Sequence[str | None]],
+) -> pl.DataFrame:
+    """The requests frame of the records' ``RECORD_COLUMNS``, their lengths and ``routing``
+    (each routing field's values, by path)."""
     return pl.DataFrame(
-        {
-            "file": [r.file for r in kept],
-            "line": [r.line for r in kept],
-            "model": [r.model for r in kept],
-            "cache_salt": [r.cache_salt for r in kept],
-            "lora": [r.lora for r in kept],
-            "finish_reason": [r.finish_reason for r in kept],
-            "arrival_s": [r.arrival_s for r in kept],
-            "tenant": [r.tenant for r in kept],
-            "server_cached_tokens": [r.server_cached_tokens for r in kept],
-            "server_prompt_tokens": [r.server_prompt_tokens for r in kept],
+        dict(columns)
+        | {
             "prompt_tokens": prompt_tokens,
             "output_tokens": output_tokens,
             "output_known": list(output_known),
         }
         | {
-            routing_column(path): pl.Series(
-                [(r.routing or {}).get(path) for r in kept], dtype=pl.String
-            )
-            for path in routing_fields
+            routing_column(path): pl.Series(values, dtype=pl.String)
+            for path, values in routing.items()
         },
         schema_overrides={
             "arrival_s": pl.Float64,

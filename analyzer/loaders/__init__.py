@@ -34,11 +34,11 @@ from analyzer.loaders.sources import (
     expand_inputs,
     read_items,
 )
-from analyzer.records import Record
+from analyzer.records import Columns, Record
 
 Parsed = Record | list[Record] | Answer
 Parser = Callable[[Any, str, int], Parsed]
-BatchReader = Callable[[str, Sequence[tuple[int, Any]]], list[Record | None]]
+BatchReader = Callable[[str, Sequence[tuple[int, Any]]], list[Record | None] | Columns]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class LogFormat:
     ``accepts`` tells whether a line of a file already known to be in this format is one of
     its lines (by default ``matches``); a line that is not, but is another format's, is a
     mixed-format error. ``batch``, where set, reads a batch of raw JSON lines first: the Record
-    of each line exactly as ``parse`` reads it, or None for ``parse`` to read it (and say why).
+    of each line exactly as ``parse`` reads it, or None for ``parse`` to read it (and say why);
+    or, when it takes every line, their Columns (the same Records as columns).
     """
 
     name: str
@@ -81,14 +82,14 @@ FORMATS: dict[str, LogFormat] = {
             "hash-id traces (Mooncake)",
             hash_trace.matches,
             hash_trace.parse,
-            batch=hash_trace.plain_records,
+            batch=hash_trace.plain_lines,
         ),
         LogFormat(
             "tokens",
             "pre-tokenized prompt_token_ids",
             token_ids.matches,
             token_ids.parse,
-            batch=token_ids.plain_records,
+            batch=token_ids.plain_lines,
         ),
         LogFormat(
             "openai-batch",
@@ -166,7 +167,7 @@ class LoadResult:
     """Everything read: the requests in input order, the skipped lines (counted, a bounded
     sample kept), each file's format."""
 
-    records: list[Record] = field(default_factory=list)
+    records: Sequence[Record] = field(default_factory=list)  # a RecordList once chunks are read
     skips: SkipLog = field(default_factory=SkipLog)
     formats: dict[str, str] = field(default_factory=dict)
     lines_read: int = 0
@@ -217,13 +218,16 @@ def iter_records(
     hash_block_size: int | None = None,
     fields: FieldMap | None = None,
     hold_answerable: bool = True,
-) -> Iterator[Record]:
+    columns: bool = False,
+) -> Iterator[Record | Columns]:
     """The requests of every file, as they are read; skips, formats and counts go to ``result``.
 
     A request that a later line may still answer (one with a request id: server logs, Batch
     files) gets its answer when every file has been read. With ``hold_answerable`` such requests
     are held back until then, so that a consumer never sees a request before its answer; without
     it they are yielded at once and filled in afterwards (the consumer must keep them).
+    With ``columns`` a batch of plain pre-tokenized or Mooncake lines comes as one Columns
+    (TokenLines, HashLines: their lines hold no request id), otherwise as its Records.
     """
     if format_name != "auto" and format_name not in FORMATS and format_name != MAPPED.name:
         raise PrefixcheckError(
@@ -238,7 +242,11 @@ def iter_records(
         log_format = _chosen_format(name, items, format_name, fields)
         result.formats[name] = log_format.name
         parse, batch = _configured(log_format, hash_block_size, fields)
-        for item in _parse_items(name, items, log_format, parse, batch, fields):
+        for item in _parse_items(name, items, log_format, parse, batch, fields, columns):
+            if isinstance(item, Columns):
+                result.lines_read += len(item)
+                yield item
+                continue
             result.lines_read += 1
             if isinstance(item, Skip):
                 if strict:
@@ -370,14 +378,15 @@ def _parse_items(
     parse: Parser,
     batch: BatchReader | None,
     fields: FieldMap | None,
-) -> Iterator[Parsed | Skip]:
+    columns: bool = False,
+) -> Iterator[Parsed | Skip | Columns]:
     """Each line parsed, or its Skip: the one place where a line's errors, anticipated
     (BadLine) or not (any other exception, a bug or an input no one foresaw), become a reasoned
     skip naming file and line. Errors of the whole input (PrefixcheckError) still stop the run.
     JSON lines of a format with a batch reader (pre-tokenized, hash-id traces) go through it
-    first."""
+    first (``columns``: the Columns it reads kept as they come)."""
     if batch is not None and fields is None and not items.objects:
-        yield from _parse_batched(name, items, log_format, parse, batch)
+        yield from _parse_batched(name, items, log_format, parse, batch, columns)
         return
     for line, item in items:
         yield _parse_item(name, line, item, items.objects, log_format, parse, fields)
@@ -387,13 +396,25 @@ LINES_PER_BATCH = 1024  # JSON lines decoded at a time by a batch reader
 
 
 def _parse_batched(
-    name: str, items: _Peeked, log_format: LogFormat, parse: Parser, batch: BatchReader
-) -> Iterator[Parsed | Skip]:
+    name: str,
+    items: _Peeked,
+    log_format: LogFormat,
+    parse: Parser,
+    batch: BatchReader,
+    columns: bool,
+) -> Iterator[Parsed | Skip | Columns]:
     """Each line read by the batch reader, or, where that does not take it, by ``_parse_item``
-    (the same Record either way, and the same skip)."""
+    (the same Record either way, and the same skip); lines it takes as Columns come as those
+    with ``columns``, else as their Records."""
     lines = iter(items)
     while chunk := list(islice(lines, LINES_PER_BATCH)):
-        for (line, item), record in zip(chunk, batch(name, chunk), strict=True):
+        read = batch(name, chunk)
+        if isinstance(read, Columns):
+            if columns:
+                yield read
+                continue
+            read = list(read.records())
+        for (line, item), record in zip(chunk, read, strict=True):
             if record is None:
                 yield _parse_item(name, line, item, False, log_format, parse, None)
             else:

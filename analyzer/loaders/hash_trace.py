@@ -40,7 +40,7 @@ from analyzer.errors import BadLine
 from analyzer.loaders.fields import int_list, optional_int, optional_number
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
 from analyzer.loaders.id_lists import decoded_lines, parse_list_pairs
-from analyzer.records import HashBlocks, Record
+from analyzer.records import HashBlocks, HashLines, Record
 from cache_models.hash_runs import ID_FACTOR
 from cache_models.runs import RUN_STEP
 
@@ -176,6 +176,34 @@ class _TraceLine(msgspec.Struct, forbid_unknown_fields=True):
 _decode_line = msgspec.json.Decoder(_TraceLine).decode
 
 
+def plain_lines(
+    file: str,
+    lines: Sequence[tuple[int, Any]],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    bailian: bool = False,
+) -> HashLines | list[Record | None]:
+    """The lines as HashLines when every one is a plain line (``plain_records`` takes it) with
+    no request id (a Bailian line's ``chat_id``: a Record, for the answers to join); else
+    ``plain_records``' list."""
+    read, ids = _read_lines(lines, block_size, bailian)
+    if not read or not all(row is not None and row[-1] is None for row in read):
+        return [None if row is None else _record(file, ids, block_size, *row) for row in read]
+    rows: list[tuple] = read  # type: ignore[assignment]
+    numbers, firsts, ends, prompts, knowns, outputs, arrivals, _ = zip(*rows, strict=True)
+    offsets = np.array([*firsts, ends[-1]], np.int64)
+    return HashLines(
+        file=file,
+        lines=np.array(numbers, np.int64),
+        ids=ids[offsets[0] : offsets[-1]],  # the lines' lists, back to back
+        id_offsets=offsets - offsets[0],
+        block_size=block_size,
+        prompt_length=np.array(prompts, np.int64),
+        known_length=np.array(knowns, np.int64),
+        output_length=np.array([-1 if n is None else n for n in outputs], np.int64),
+        arrival_s=np.array([math.nan if a is None else a for a in arrivals], np.float64),
+    )
+
+
 def plain_records(
     file: str,
     lines: Sequence[tuple[int, Any]],
@@ -186,6 +214,15 @@ def plain_records(
     other line (not bytes, not one JSON object of ``_TraceLine``'s fields, an id list that is not
     plain ids in 0..2^31-1, any check of ``parse`` failed, a time out of range, no ``chat_id`` in
     a Bailian file): those are for ``parse``."""
+    read = plain_lines(file, lines, block_size, bailian)
+    return read.records() if isinstance(read, HashLines) else read
+
+
+def _read_lines(
+    lines: Sequence[tuple[int, Any]], block_size: int, bailian: bool
+) -> tuple[list[tuple | None], np.ndarray]:
+    """Each plain line's fields ``(number, first id, end, input_length, known_length,
+    output_length, arrival_s, request_id)``, its ids ``ids[first:end]``; None for any other."""
     decoded = [
         None if bailian and item is not None and item.chat_id is msgspec.UNSET else item
         for item in decoded_lines(lines, _decode_line)
@@ -194,52 +231,67 @@ def plain_records(
         decoded,
         lambda item: (item.hash_ids, item.output_hash_ids if len(item.output_hash_ids) else None),
     )
-    wide = ids.astype(np.int64)
     offsets, taken = offset_array.tolist(), taken_array.tolist()  # Python ints: read per line
-    records: list[Record | None] = []
+    read: list[tuple | None] = []
     for (number, _), item, lists in zip(lines, decoded, where, strict=True):
         if item is None or lists is None:
-            records.append(None)
+            read.append(None)
             continue
         prompt, answer = lists
         last = prompt if answer is None else answer
-        ok = taken[prompt] and taken[last]
         first, end = offsets[prompt], offsets[last + 1]
         blocks = offsets[prompt + 1] - first
-        records.append(
-            _record(file, number, item, wide[first:end], blocks, block_size) if ok else None
-        )
-    return records
+        ok = taken[prompt] and taken[last]
+        read.append(_checked(number, item, first, end, blocks, block_size) if ok else None)
+    return read, ids.astype(np.int64)
 
 
-def _record(
-    file: str, line: int, item: _TraceLine, ids: np.ndarray, blocks: int, block_size: int
-) -> Record | None:
-    """The Record of one decoded line whose id lists are plain (``ids``: the prompt's
-    ``blocks``, then the answer's), or None where ``parse`` or the guard would refuse it."""
+def _checked(
+    number: int, item: _TraceLine, first: int, end: int, blocks: int, block_size: int
+) -> tuple | None:
+    """The fields of one decoded line whose id lists are plain (ids ``first`` to ``end``: the
+    prompt's ``blocks``, then the answer's), or None where ``parse`` or the guard would refuse
+    it."""
     input_length, output_length = item.input_length, item.output_length
     if not 0 < input_length <= MAX_REQUEST_TOKENS or blocks != -(-input_length // block_size):
         return None
     if output_length is not None and not 0 <= output_length <= MAX_REQUEST_TOKENS:
         return None
     known = input_length
-    if len(ids) > blocks or len(item.output_hash_ids):
+    if end - first > blocks or len(item.output_hash_ids):
         if not output_length:
             return None
         known = input_length + output_length
-        if len(ids) != -(-known // block_size):
+        if end - first != -(-known // block_size):
             return None
     bailian = item.chat_id is not msgspec.UNSET
     arrival = _arrival(item.timestamp, bailian)
     if arrival is False:
         return None
+    request_id = str(item.chat_id) if bailian else None
+    return number, first, end, input_length, known, output_length, arrival, request_id
+
+
+def _record(
+    file: str,
+    ids: np.ndarray,
+    block_size: int,
+    number: int,
+    first: int,
+    end: int,
+    input_length: int,
+    known: int,
+    output_length: int | None,
+    arrival: float | None,
+    request_id: str | None,
+) -> Record:
     return Record(
         file=file,
-        line=line,
-        hash_blocks=HashBlocks(ids, block_size, input_length, known),
+        line=number,
+        hash_blocks=HashBlocks(ids[first:end], block_size, input_length, known),
         output_length=output_length,
         arrival_s=arrival,
-        request_id=str(item.chat_id) if bailian else None,
+        request_id=request_id,
     )
 
 

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from analyzer.errors import BadLine
 from analyzer.loaders.fields import cache_fields, int_list, optional_number, optional_str
 from analyzer.loaders.guard import MAX_REQUEST_TOKENS, MAX_TIME_S, MIN_TIME_S
 from analyzer.loaders.id_lists import decoded_lines, parse_list_pairs
-from analyzer.loaders.token_lines import parse_lines
-from analyzer.records import Record
+from analyzer.loaders.token_lines import parse_lines, split_lists
+from analyzer.records import Record, TokenLines
 
 
 def matches(obj: dict[str, Any]) -> bool:
@@ -63,13 +64,71 @@ class _PlainLine(msgspec.Struct, forbid_unknown_fields=True):
 _decode_plain = msgspec.json.Decoder(_PlainLine).decode
 
 
+def plain_lines(file: str, lines: Sequence[tuple[int, Any]]) -> TokenLines | list[Record | None]:
+    """The lines as TokenLines when the compiled reader (``token_lines``) takes every one, the
+    common case; else ``plain_records``' list."""
+    raws = [raw if isinstance(raw, bytes) else b"" for _, raw in lines]
+    ids, rows, taken = parse_lines(raws, MAX_REQUEST_TOKENS)
+    if taken.all():
+        return _columns(file, lines, raws, ids, rows)
+    return _records(file, lines, raws, ids, rows, taken)
+
+
 def plain_records(file: str, lines: Sequence[tuple[int, Any]]) -> list[Record | None]:
     """The Record of each plain line, exactly as ``parse`` reads it; None for every other line
     (not bytes, not one JSON object of these fields, a list that is not plain ids, a prompt
     without tokens or too long, a time out of range): those are for ``parse``. The plainest
     lines are read whole in compiled code (``token_lines``), the others by a typed decode."""
-    raws = [raw if isinstance(raw, bytes) else b"" for _, raw in lines]
-    ids, rows, taken = parse_lines(raws, MAX_REQUEST_TOKENS)
+    read = plain_lines(file, lines)
+    return list(read.records()) if isinstance(read, TokenLines) else read
+
+
+def _columns(
+    file: str, lines: Sequence[tuple[int, Any]], raws: list[bytes], ids: Any, rows: Any
+) -> TokenLines:
+    """Lines the compiled reader took, as columns: ``rows`` holds each field's span."""
+    prompts, prompt_offsets, answers, answer_offsets = split_lists(ids, rows)
+    return TokenLines(
+        file=file,
+        lines=np.array([number for number, _ in lines], np.int64),
+        prompt_ids=prompts,
+        prompt_offsets=prompt_offsets,
+        output_ids=answers,
+        output_offsets=answer_offsets,
+        finish_reason=_strings(raws, rows, 2, empty=""),
+        cache_salt=_strings(raws, rows, 3, empty=None),
+        lora=_strings(raws, rows, 4, empty=None),
+        model=_strings(raws, rows, 5, empty=""),
+    )
+
+
+def _strings(raws: list[bytes], rows: Any, field: int, empty: str | None) -> list[str | None]:
+    """Each line's string ``FIELDS[field]`` (None where absent or null; ``empty`` for ``""``)."""
+    starts = rows[:, 2 * field]
+    if (starts < 0).all():
+        return [None] * len(raws)
+    starts, ends = starts.tolist(), rows[:, 2 * field + 1].tolist()
+    seen: dict[bytes, str | None] = {b"": empty}  # a log repeats its few values
+    out: list[str | None] = []
+    for raw, start, end in zip(raws, starts, ends, strict=True):
+        if start < 0:
+            out.append(None)
+            continue
+        key = raw[start:end]
+        if key not in seen:
+            seen[key] = key.decode()
+        out.append(seen[key])
+    return out
+
+
+def _records(
+    file: str,
+    lines: Sequence[tuple[int, Any]],
+    raws: list[bytes],
+    ids: Any,
+    rows: Any,
+    taken: Any,
+) -> list[Record | None]:
     records: list[Record | None] = [None] * len(lines)
     rest: list[int] = []
     for i, (row, take) in enumerate(zip(rows.tolist(), taken.tolist(), strict=True)):

@@ -47,7 +47,31 @@ def _parse(buffer, bounds, names, name_bounds, max_tokens):
         if grown >= 0 and 0 < prompt <= max_tokens and output <= max_tokens:
             taken[i] = True
             size = grown
-    return ids[:size].copy(), rows, taken
+    return ids[:size], rows, taken  # a view (of twice the room): the workload copies what it keeps
+
+
+@njit(cache=True, nogil=True)
+def split_lists(ids, rows):
+    """``parse_lines``' ids of taken lines (``rows``) as the prompts' ids and the answers',
+    each flat with its offsets (an absent answer is empty)."""
+    n = len(rows)
+    prompt_offsets = np.zeros(n + 1, np.int64)
+    answer_offsets = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        prompt_offsets[i + 1] = prompt_offsets[i] + rows[i, 1] - rows[i, 0]
+        answer_offsets[i + 1] = answer_offsets[i] + max(rows[i, 3] - rows[i, 2], 0)
+    prompts = np.empty(prompt_offsets[n], np.int32)
+    answers = np.empty(answer_offsets[n], np.int32)
+    for i in range(n):
+        at = prompt_offsets[i]
+        for j in range(rows[i, 0], rows[i, 1]):
+            prompts[at] = ids[j]
+            at += 1
+        at = answer_offsets[i]
+        for j in range(rows[i, 2], rows[i, 3]):
+            answers[at] = ids[j]
+            at += 1
+    return prompts, prompt_offsets, answers, answer_offsets
 
 
 @njit(cache=True)
