@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import os
 import sys
@@ -107,6 +106,8 @@ def namespace(fingerprint: str, context: str = "") -> str:
 
 @cache
 def _versions() -> list[str]:
+    import importlib.metadata  # here: its import costs a run without the cache 25 ms
+
     found = []
     for package in ("prefixcheck", "tokenizers", "tiktoken"):
         try:

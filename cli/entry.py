@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.metadata
 import os
 import signal
 import sys
@@ -84,6 +83,8 @@ def _leave(what: str, exc: BaseException) -> NoReturn:
 
 
 def _version() -> str:
+    import importlib.metadata  # here: its import costs a run 25 ms
+
     try:
         return importlib.metadata.version("prefixcheck")
     except importlib.metadata.PackageNotFoundError:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
-from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
 
@@ -57,7 +56,9 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        print(f"prefixcheck {package_version('prefixcheck')}")
+        from importlib.metadata import version  # here: its import costs a run 25 ms
+
+        print(f"prefixcheck {version('prefixcheck')}")
         raise typer.Exit()
 
 

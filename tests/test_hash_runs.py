@@ -162,6 +162,10 @@ def test_ids_are_numbered_as_numpy_numbers_them(spread: int) -> None:
     for absent in missing:
         with pytest.raises(ValueError, match="not in the run table"):
             hash_runs._codes(expected, np.r_[queries, absent])
+    # Membership among sorted distinct keys, by a table or by a search: numpy's isin.
+    probes = np.r_[rng.integers(-5, spread * 600, 3000), expected[:50], -1, expected[-1] + 1]
+    assert np.array_equal(hash_runs._among(probes, expected), np.isin(probes, expected))
+    assert not hash_runs._among(probes, expected[:0]).any()
 
 
 def _trace_file(path: Path, rng: np.random.Generator) -> Path:
