@@ -480,7 +480,6 @@ def _split(t: Tree, child: int, split_len: int, split_tokens: int, ps: int, poli
     t.ints[SPLITS] += 1
     if policy != NO_EVICTION:
         _refresh(t, new, policy)
-    if policy != NO_EVICTION:
         _refresh(t, child, policy)
     return new
 
@@ -585,7 +584,6 @@ def _insert(
         t.nodes[leaf, HIT_COUNT] += 1
     if policy != NO_EVICTION:
         _refresh(t, leaf, policy)
-    if policy != NO_EVICTION:
         _refresh(t, node, policy)
     return leaf, duplicates, new_tokens
 
