@@ -31,6 +31,7 @@ STDIN = "-"
 LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log", ".txt", ".parquet", ".csv")
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, which some Windows tools write first
+READ_BUFFER_BYTES = 1 << 20  # a file's read buffer
 MAX_LINE_BYTES = 64 << 20  # a longer line is a counted skip, never read into memory whole
 MAX_JSON_ARRAY_BYTES = 1 << 30  # a .json array file is parsed whole, so its size is bounded
 # Fields that exports (Parquet, CSV-born JSON) often hold as JSON text instead of nested values.
@@ -169,7 +170,9 @@ def open_binary(name: str, meter: ReadMeter | None = None) -> Iterator[IO[bytes]
         kind = os.stat(name).st_mode
         if not (stat.S_ISREG(kind) or stat.S_ISFIFO(kind)):
             raise PrefixcheckError(f"{name}: not a regular file or a named pipe")
-        raw = Path(name).open("rb")  # noqa: SIM115 (closed below, after the error check)
+        # Closed below, after the error check. A large buffer: a read a MiB, not one of 8 KiB
+        # for every other line of a log.
+        raw = Path(name).open("rb", buffering=READ_BUFFER_BYTES)  # noqa: SIM115
     except OSError as exc:
         raise PrefixcheckError(f"{name}: cannot read: {exc.strerror or exc}") from None
     if meter is not None:
