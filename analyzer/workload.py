@@ -209,8 +209,8 @@ def build_lines_workload(
     """``build_workload`` of the pieces' Records, from their columns: the same workload, rows,
     namespaces and unknown answer ids (a line without answer ids gets one unknown token), with
     no object per line. Plain lines have no time, priority or other cache field."""
-    prompts = np.concatenate([piece.prompt_ids for piece in pieces])
-    answers = np.concatenate([piece.output_ids for piece in pieces])
+    prompts = _joined_ids([piece.prompt_ids for piece in pieces])
+    answers = _joined_ids([piece.output_ids for piece in pieces])
     prompt_lengths = np.concatenate([piece.prompt_lengths for piece in pieces])
     answer_lengths = np.concatenate([np.diff(piece.output_offsets) for piece in pieces])
     known = answer_lengths > 0
@@ -270,6 +270,12 @@ def build_lines_workload(
         from_text=False,
         assumed_stop_finish=column["finish_reason"].count(None),
     )
+
+
+def _joined_ids(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts' ids as one array: the part itself when there is one (a chunk that is one
+    batch of lines), not a copy."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def build_run_workload(
