@@ -106,9 +106,8 @@ class ChunkedIngest:
         )
 
     def _read(self) -> Iterator[Record | Columns]:
-        """What ``chunks`` cuts: ``items()``, or ``records()`` where a subclass reads its own."""
-        overridden = type(self).records is not ChunkedIngest.records
-        return self.records() if overridden else self.items()
+        """What ``chunks`` cuts (a shard's reader cuts its own records)."""
+        return self.items()
 
     def chunks(self, chunk_records: int = CHUNK_RECORDS) -> Iterator[Chunk]:
         records = self._read()

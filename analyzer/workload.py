@@ -209,8 +209,8 @@ def build_lines_workload(
     """``build_workload`` of the pieces' Records, from their columns: the same workload, rows,
     namespaces and unknown answer ids (a line without answer ids gets one unknown token), with
     no object per line. Plain lines have no time, priority or other cache field."""
-    prompts = np.concatenate([piece.prompt_ids for piece in pieces])
-    answers = np.concatenate([piece.output_ids for piece in pieces])
+    prompts = _joined_ids([piece.prompt_ids for piece in pieces])
+    answers = _joined_ids([piece.output_ids for piece in pieces])
     prompt_lengths = np.concatenate([piece.prompt_lengths for piece in pieces])
     answer_lengths = np.concatenate([np.diff(piece.output_offsets) for piece in pieces])
     known = answer_lengths > 0
@@ -272,6 +272,12 @@ def build_lines_workload(
     )
 
 
+def _joined_ids(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts' ids as one array: the part itself when there is one (a chunk that is one
+    batch of lines), not a copy."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 def build_run_workload(
     items: Sequence[Record | HashLines],
     trace: HashTrace,
@@ -286,22 +292,18 @@ def build_run_workload(
     if all(isinstance(item, HashLines) for item in items):
         lines: Sequence[HashLines] = items  # type: ignore[assignment]
         n = sum(len(piece) for piece in lines)
-        ids = chunk_state.namespace_ids  # no line has a model, salt, LoRA or extra key
-        ids.setdefault(("", "", "", ""), len(ids))
-        chunk_state.models.add("")
-        namespace = np.full(n, ids[("", "", "", "")], np.int32)
+        chunk_state.models.add("")  # no line has a model, salt, LoRA or extra key:
+        namespace = np.zeros(n, np.int32)  # the default namespace, id 0
         namespace_labels = chunk_state.labels()
         stop_finish = np.ones(n, bool)  # no finish reason: a stop
-        arrival = np.concatenate([piece.arrival_s for piece in lines]) if lines else None
-        arrival_s = None if arrival is None or np.isnan(arrival).any() else arrival
+        arrival = _flat([piece.arrival_s for piece in lines]).astype(np.float64)
+        arrival_s = arrival if n and not np.isnan(arrival).any() else None
         nulls = [None] * n
         columns = {name: nulls for name in RECORD_COLUMNS} | {
             "file": [piece.file for piece in lines for _ in range(len(piece))],
-            "line": np.concatenate([piece.lines for piece in lines]),
-            "arrival_s": nulls if arrival_s is None else arrival_s,
+            "line": _flat([piece.lines for piece in lines]),
+            "arrival_s": pl.Series(arrival).fill_nan(None),  # NaN: no time
         }
-        if arrival is not None and arrival_s is None:  # some lines have a time
-            columns["arrival_s"] = [None if np.isnan(a) else a for a in arrival.tolist()]
         routing = {path: nulls for path in routing_fields}
         assumed_stop = n
     else:

@@ -6,8 +6,13 @@ tokens are a span of one token arena. Children are found through an open-address
 deletion: every change to a node's key or evictability gives it a new version, and only the entry
 carrying the current version counts. The replay stops before a request when node rows or arena room
 run short; the caller (``sglang_radix._replay_fast``, the adapter) grows them and resumes, so
-memory follows the live tree and the pool, not the log. The tree is a handful of arrays because
-every call passes (and reference-counts) each one.
+memory follows the live tree and the pool, not the log.
+
+A call from one compiled function to another counts a reference to every array it is passed, an
+atomic increment and decrement each, which had taken over half of the replay: the tree is six
+arrays, the helpers called for every node or request (the child map, the lock walks, token
+copies) take the arrays they use or are inlined, and an unbounded pool (``NO_EVICTION``, no heap)
+makes no call for eviction, allocation or heap refreshes at all.
 
 The server settings follow the reference exactly: each request's ``priority`` goes into every
 insert (``UnifiedRadixCache`` inserts with ``req.priority or 0``, the prompt split with + 1);
@@ -53,13 +58,14 @@ KEY_TOKENS = 11  # the tokens the key stands for (KEY_LEN for tokens, its runs' 
 N_NODE_COLUMNS = 12
 # Columns of Tree.times (SGLang's logical clock).
 LAST_ACCESS, CREATION = 0, 1
-# Columns of Tree.table (the child map) and Tree.heap_refs.
+# Columns of Tree.table (the child map) and Tree.heap (node and version are exact as floats).
 SLOT_NODE, SLOT_HASH = 0, 1
-ENTRY_NODE, ENTRY_VERSION = 0, 1
+ENTRY_KEY, ENTRY_TIE, ENTRY_NODE, ENTRY_VERSION = 0, 1, 2, 3
 # Slots of Tree.ints.
 FREE_TOP, ARENA_TOP, EVICTABLE, PROTECTED, POOL_FREE, HEAP_SIZE, TABLE_FILL = range(7)
 SPLITS, EVICTED, PASSES, LAST_VERSION, CLOCK = 7, 8, 9, 10, 11
 SLRU_THRESHOLD, TLRU_TAIL, N_INTS = 12, 13, 14  # the policy's parameters
+FREE_STACK = N_INTS  # Tree.ints[FREE_STACK + k]: the stack of unused rows, FREE_TOP of them
 
 _FNV_OFFSET = -3750763034362895579  # 0xcbf29ce484222325 as int64
 _FNV_PRIME = 1099511628211
@@ -70,12 +76,10 @@ class Tree(NamedTuple):
 
     nodes: np.ndarray  # int64[rows, N_NODE_COLUMNS]
     times: np.ndarray  # float64[rows, 2]: last access, creation
-    free_ids: np.ndarray  # int64 stack of unused rows
     arena: np.ndarray  # int32 tokens
     table: np.ndarray  # int64[slots, 2]: node (or EMPTY / TOMB), hash
-    heap_keys: np.ndarray  # float64[entries, 2]: policy key, last access (the tie-break)
-    heap_refs: np.ndarray  # int64[entries, 2]: node, version
-    ints: np.ndarray  # int64 scalars, see the slot names above
+    heap: np.ndarray  # float64[entries, 4]: policy key, last access (the tie-break), node, version
+    ints: np.ndarray  # int64 scalars (see the slot names above), then the stack of unused rows
 
 
 def new_tree(n_rows: int, arena_tokens: int, pool_tokens: int) -> Tree:
@@ -85,19 +89,18 @@ def new_tree(n_rows: int, arena_tokens: int, pool_tokens: int) -> Tree:
     tree = Tree(
         nodes=np.zeros((n_rows, N_NODE_COLUMNS), np.int64),
         times=np.zeros((n_rows, 2), np.float64),
-        free_ids=np.arange(n_rows - 1, -1, -1, dtype=np.int64),
         arena=np.zeros(max(arena_tokens, 16), np.int32),
         table=np.full((table_size, 2), EMPTY, np.int64),
-        heap_keys=np.zeros((2 * n_rows + 2, 2), np.float64),
-        heap_refs=np.zeros((2 * n_rows + 2, 2), np.int64),
-        ints=np.zeros(N_INTS, np.int64),
+        heap=np.zeros((2 * n_rows + 2, 4), np.float64),
+        ints=np.zeros(FREE_STACK + n_rows, np.int64),
     )
     tree.nodes[:, VERSION] = -1
     tree.nodes[ROOT, PARENT] = -1
     tree.nodes[ROOT, LOCK_REF] = 1
     tree.nodes[ROOT, PRIORITY] = ROOT_PRIORITY
     tree.nodes[ROOT, VERSION] = 0
-    tree.ints[FREE_TOP] = n_rows - 1  # free_ids[:FREE_TOP] are free; the root is the last
+    tree.ints[FREE_STACK:] = np.arange(n_rows - 1, -1, -1)
+    tree.ints[FREE_TOP] = n_rows - 1  # the root is the last on the stack, taken
     tree.ints[POOL_FREE] = pool_tokens
     return tree
 
@@ -111,12 +114,13 @@ def grown(tree: Tree, n_rows: int, arena_tokens: int, page_size: int, policy: in
     bigger.nodes[:old] = tree.nodes
     bigger.times[:old] = tree.times
     top = int(tree.ints[FREE_TOP])
-    bigger.free_ids[: n_rows - old] = np.arange(n_rows - 1, old - 1, -1)
-    bigger.free_ids[n_rows - old : n_rows - old + top] = tree.free_ids[:top]
-    bigger.ints[:] = tree.ints
+    stack = bigger.ints[FREE_STACK:]
+    stack[: n_rows - old] = np.arange(n_rows - 1, old - 1, -1)
+    stack[n_rows - old : n_rows - old + top] = tree.ints[FREE_STACK : FREE_STACK + top]
+    bigger.ints[:FREE_STACK] = tree.ints[:FREE_STACK]
     bigger.ints[FREE_TOP] = top + n_rows - old
     _compact_arena(bigger, tree.arena)
-    _rehash(bigger, page_size)
+    _rehash(bigger.table, bigger.nodes, bigger.arena, bigger.ints, page_size)
     _rebuild_heap(bigger, policy)
     return bigger
 
@@ -135,7 +139,7 @@ def _new_node(
 ) -> int:
     top = t.ints[FREE_TOP] - 1
     t.ints[FREE_TOP] = top
-    n = t.free_ids[top]
+    n = t.ints[FREE_STACK + top]
     t.nodes[n, PARENT] = parent
     t.nodes[n, N_CHILDREN] = 0
     t.nodes[n, KEY_START] = start
@@ -154,7 +158,7 @@ def _new_node(
 @njit(cache=True, error_model="numpy", inline="always")
 def _free_node(t: Tree, n: int) -> None:
     t.nodes[n, VERSION] = -1
-    t.free_ids[t.ints[FREE_TOP]] = n
+    t.ints[FREE_STACK + t.ints[FREE_TOP]] = n
     t.ints[FREE_TOP] += 1
 
 
@@ -169,11 +173,9 @@ def _page_hash(parent: int, ns: int, tokens: np.ndarray, off: int, page_size: in
     return h ^ (h >> np.int64(29))
 
 
-@njit(cache=True, error_model="numpy")
-def _node_hash(t: Tree, n: int, page_size: int) -> int:
-    return _page_hash(
-        t.nodes[n, PARENT], t.nodes[n, NAMESPACE], t.arena, t.nodes[n, KEY_START], page_size
-    )
+@njit(cache=True, error_model="numpy", inline="always")
+def _node_hash(nodes: np.ndarray, arena: np.ndarray, n: int, page_size: int) -> int:
+    return _page_hash(nodes[n, PARENT], nodes[n, NAMESPACE], arena, nodes[n, KEY_START], page_size)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -216,63 +218,70 @@ def _find_child(
 
 
 @njit(cache=True, error_model="numpy")
-def _slot_of(t: Tree, n: int, page_size: int) -> int:
-    mask = len(t.table) - 1
-    s = _node_hash(t, n, page_size) & mask
-    while t.table[s, SLOT_NODE] != n:
+def _slot_of(table: np.ndarray, nodes: np.ndarray, arena: np.ndarray, n: int, ps: int) -> int:
+    mask = len(table) - 1
+    s = _node_hash(nodes, arena, n, ps) & mask
+    while table[s, SLOT_NODE] != n:
         s = (s + 1) & mask
     return s
 
 
 @njit(cache=True, error_model="numpy")
-def _add_child(t: Tree, n: int, page_size: int) -> None:
-    """Map the live node ``n`` under its parent and first page."""
-    if 2 * (t.ints[TABLE_FILL] + 1) > len(t.table):
-        _rehash(t, page_size)  # maps every live node, n included: adding it again would leave
-        return  # a second slot, which outlives its eviction and matches a dead row
-    h = _node_hash(t, n, page_size)
-    mask = len(t.table) - 1
+def _add_child(
+    table: np.ndarray, nodes: np.ndarray, arena: np.ndarray, ints: np.ndarray, n: int, ps: int
+) -> None:
+    """Map the live node ``n`` under its parent and first page (the child map's helpers take
+    the arrays they use, not the tree: a call counts references to every array it is passed)."""
+    if 2 * (ints[TABLE_FILL] + 1) > len(table):
+        # maps every live node, n included: adding it again would leave a second slot, which
+        # outlives its eviction and matches a dead row
+        _rehash(table, nodes, arena, ints, ps)
+        return
+    h = _node_hash(nodes, arena, n, ps)
+    mask = len(table) - 1
     s = h & mask
-    while t.table[s, SLOT_NODE] >= 0:
+    while table[s, SLOT_NODE] >= 0:
         s = (s + 1) & mask
-    if t.table[s, SLOT_NODE] == EMPTY:
-        t.ints[TABLE_FILL] += 1
-    t.table[s, SLOT_NODE] = n
-    t.table[s, SLOT_HASH] = h
+    if table[s, SLOT_NODE] == EMPTY:
+        ints[TABLE_FILL] += 1
+    table[s, SLOT_NODE] = n
+    table[s, SLOT_HASH] = h
 
 
 @njit(cache=True, error_model="numpy")
-def _rehash(t: Tree, page_size: int) -> None:
+def _rehash(
+    table: np.ndarray, nodes: np.ndarray, arena: np.ndarray, ints: np.ndarray, ps: int
+) -> None:
     """Rebuild the child map without tombstones (same size)."""
-    t.table[:, SLOT_NODE] = EMPTY
-    t.ints[TABLE_FILL] = 0
-    mask = len(t.table) - 1
-    for n in range(1, len(t.nodes)):
-        if t.nodes[n, VERSION] >= 0:
-            h = _node_hash(t, n, page_size)
+    table[:, SLOT_NODE] = EMPTY
+    ints[TABLE_FILL] = 0
+    mask = len(table) - 1
+    for n in range(1, len(nodes)):
+        if nodes[n, VERSION] >= 0:
+            h = _node_hash(nodes, arena, n, ps)
             s = h & mask
-            while t.table[s, SLOT_NODE] != EMPTY:
+            while table[s, SLOT_NODE] != EMPTY:
                 s = (s + 1) & mask
-            t.table[s, SLOT_NODE] = n
-            t.table[s, SLOT_HASH] = h
-            t.ints[TABLE_FILL] += 1
+            table[s, SLOT_NODE] = n
+            table[s, SLOT_HASH] = h
+            ints[TABLE_FILL] += 1
 
 
 # -- eviction heap ---------------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy", inline="always")
 def _less(t: Tree, a: int, b: int) -> bool:
-    if t.heap_keys[a, 0] != t.heap_keys[b, 0]:
-        return t.heap_keys[a, 0] < t.heap_keys[b, 0]
-    if t.heap_keys[a, 1] != t.heap_keys[b, 1]:
-        return t.heap_keys[a, 1] < t.heap_keys[b, 1]
-    return t.heap_refs[a, ENTRY_NODE] < t.heap_refs[b, ENTRY_NODE]
+    h = t.heap
+    if h[a, ENTRY_KEY] != h[b, ENTRY_KEY]:
+        return h[a, ENTRY_KEY] < h[b, ENTRY_KEY]
+    if h[a, ENTRY_TIE] != h[b, ENTRY_TIE]:
+        return h[a, ENTRY_TIE] < h[b, ENTRY_TIE]
+    return h[a, ENTRY_NODE] < h[b, ENTRY_NODE]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _swap(t: Tree, a: int, b: int) -> None:
-    for c in range(2):
-        t.heap_keys[a, c], t.heap_keys[b, c] = t.heap_keys[b, c], t.heap_keys[a, c]
-        t.heap_refs[a, c], t.heap_refs[b, c] = t.heap_refs[b, c], t.heap_refs[a, c]
+    for c in range(4):
+        t.heap[a, c], t.heap[b, c] = t.heap[b, c], t.heap[a, c]
 
 
 @njit(cache=True, error_model="numpy")
@@ -319,14 +328,14 @@ def _is_evictable_leaf(t: Tree, n: int) -> bool:
 
 @njit(cache=True, error_model="numpy")
 def _push(t: Tree, n: int, policy: int) -> None:
-    if t.ints[HEAP_SIZE] == len(t.heap_refs):
+    if t.ints[HEAP_SIZE] == len(t.heap):
         _rebuild_heap(t, policy)
         return  # the rebuild pushed every evictable leaf, n included
     i = t.ints[HEAP_SIZE]
     t.ints[HEAP_SIZE] = i + 1
-    t.heap_keys[i, 0], t.heap_keys[i, 1] = _eviction_key(t, n, policy)
-    t.heap_refs[i, ENTRY_NODE] = n
-    t.heap_refs[i, ENTRY_VERSION] = t.nodes[n, VERSION]
+    t.heap[i, ENTRY_KEY], t.heap[i, ENTRY_TIE] = _eviction_key(t, n, policy)
+    t.heap[i, ENTRY_NODE] = n
+    t.heap[i, ENTRY_VERSION] = t.nodes[n, VERSION]
     while i > 0:
         up = (i - 1) // 2
         if not _less(t, i, up):
@@ -344,9 +353,9 @@ def _rebuild_heap(t: Tree, policy: int) -> None:
         return
     for n in range(1, len(t.nodes)):
         if t.nodes[n, VERSION] >= 0 and _is_evictable_leaf(t, n):
-            t.heap_keys[size, 0], t.heap_keys[size, 1] = _eviction_key(t, n, policy)
-            t.heap_refs[size, ENTRY_NODE] = n
-            t.heap_refs[size, ENTRY_VERSION] = t.nodes[n, VERSION]
+            t.heap[size, ENTRY_KEY], t.heap[size, ENTRY_TIE] = _eviction_key(t, n, policy)
+            t.heap[size, ENTRY_NODE] = n
+            t.heap[size, ENTRY_VERSION] = t.nodes[n, VERSION]
             size += 1
     t.ints[HEAP_SIZE] = size
     for i in range(size // 2 - 1, -1, -1):
@@ -355,19 +364,20 @@ def _rebuild_heap(t: Tree, policy: int) -> None:
 
 @njit(cache=True, error_model="numpy")
 def _refresh(t: Tree, n: int, policy: int) -> None:
-    """The node's key or evictability changed: retire its heap entry, push a new one if due."""
+    """The node's key or evictability changed: retire its heap entry, push a new one if due.
+    Callers skip it without eviction (``NO_EVICTION`` keeps no heap, so nothing to retire)."""
     if n == ROOT:
         return
     t.ints[LAST_VERSION] += 1
     t.nodes[n, VERSION] = t.ints[LAST_VERSION]
-    if policy != NO_EVICTION and _is_evictable_leaf(t, n):
+    if _is_evictable_leaf(t, n):
         _push(t, n, policy)
 
 
 @njit(cache=True, error_model="numpy")
 def _pop_leaf(t: Tree) -> int:
     while t.ints[HEAP_SIZE] > 0:
-        n, ver = t.heap_refs[0, ENTRY_NODE], t.heap_refs[0, ENTRY_VERSION]
+        n, ver = np.int64(t.heap[0, ENTRY_NODE]), np.int64(t.heap[0, ENTRY_VERSION])
         last = t.ints[HEAP_SIZE] - 1
         _swap(t, np.int64(0), last)
         t.ints[HEAP_SIZE] = last
@@ -378,6 +388,14 @@ def _pop_leaf(t: Tree) -> int:
 
 
 # -- tree operations ------------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy", inline="always")
+def _copy(dst: np.ndarray, at: int, src: np.ndarray, start: int, length: int) -> None:
+    """dst[at : at + length] = src[start : start + length], element by element: a slice
+    assignment between two arrays that may overlap allocates a temporary copy first."""
+    for j in range(length):
+        dst[at + j] = src[start + j]
+
+
 @njit(cache=True, error_model="numpy", inline="always")
 def _at(cum: np.ndarray, k: int) -> int:
     """The token position of entry position ``k`` in the request's buffer: ``cum[k]`` (its
@@ -436,7 +454,7 @@ def _common_pages(t: Tree, n: int, tokens: np.ndarray, off: int, end: int, ps: i
 def _split(t: Tree, child: int, split_len: int, split_tokens: int, ps: int, policy: int) -> int:
     """Cut ``child`` after ``split_len`` entries (``split_tokens`` tokens); the new parent
     inherits its stats and slot."""
-    slot = _slot_of(t, child, ps)
+    slot = _slot_of(t.table, t.nodes, t.arena, child, ps)
     new = _new_node(
         t,
         t.nodes[child, PARENT],
@@ -457,11 +475,12 @@ def _split(t: Tree, child: int, split_len: int, split_tokens: int, ps: int, poli
     t.nodes[child, KEY_LEN] -= split_len
     t.nodes[child, KEY_TOKENS] -= split_tokens
     t.nodes[child, PARENT] = new
-    _add_child(t, child, ps)
+    _add_child(t.table, t.nodes, t.arena, t.ints, child, ps)
     t.times[child, LAST_ACCESS] = _tick(t)
     t.ints[SPLITS] += 1
-    _refresh(t, new, policy)
-    _refresh(t, child, policy)
+    if policy != NO_EVICTION:
+        _refresh(t, new, policy)
+        _refresh(t, child, policy)
     return new
 
 
@@ -493,7 +512,8 @@ def _match(
     while n >= 0:
         t.times[n, LAST_ACCESS] = stamp
         stamp -= ANCESTOR_STAMP_STEP
-        _refresh(t, n, policy)
+        if policy != NO_EVICTION:
+            _refresh(t, n, policy)
         n = t.nodes[n, PARENT]
     return matched, node
 
@@ -536,7 +556,8 @@ def _insert(
         matched += common
         if matched > inserted_len:
             t.nodes[child, HIT_COUNT] += 1
-        _refresh(t, child, policy)
+        if policy != NO_EVICTION:
+            _refresh(t, child, policy)
         node = child
         if diverged:
             break
@@ -545,7 +566,7 @@ def _insert(
     top = t.ints[ARENA_TOP]
     new_len = length - matched
     new_tokens = _at(cum, length) - _at(cum, matched)
-    t.arena[top : top + new_len] = tokens[matched:length]
+    _copy(t.arena, top, tokens, matched, new_len)
     t.ints[ARENA_TOP] = top + new_len
     leaf = _new_node(t, node, ns, top, new_len, new_tokens, priority)
     depth = t.nodes[node, DEPTH] + new_tokens
@@ -557,35 +578,53 @@ def _insert(
             t.nodes[up, HISTORY] = depth
             up = t.nodes[up, PARENT]
     t.nodes[node, N_CHILDREN] += 1
-    _add_child(t, leaf, ps)
+    _add_child(t.table, t.nodes, t.arena, t.ints, leaf, ps)
     t.ints[EVICTABLE] += new_tokens
     if length > inserted_len:
         t.nodes[leaf, HIT_COUNT] += 1
-    _refresh(t, leaf, policy)
-    _refresh(t, node, policy)
+    if policy != NO_EVICTION:
+        _refresh(t, leaf, policy)
+        _refresh(t, node, policy)
     return leaf, duplicates, new_tokens
 
 
 @njit(cache=True, error_model="numpy")
-def _lock(t: Tree, n: int, policy: int) -> None:
+def _lock(nodes: np.ndarray, ints: np.ndarray, n: int) -> None:
+    """inc_lock_ref: lock the path from ``n`` up; the tokens of a node locked first move from the
+    evictable to the protected size. Such a node stops being evictable: with eviction the caller
+    then refreshes it (``_refresh_path(..., LOCKED_FIRST, ...)``). The lock walks take the two
+    arrays they write, not the tree: a call counts references to every array it is passed."""
     while n != ROOT:
-        if t.nodes[n, LOCK_REF] == 0:
-            t.ints[EVICTABLE] -= t.nodes[n, KEY_TOKENS]
-            t.ints[PROTECTED] += t.nodes[n, KEY_TOKENS]
-            t.nodes[n, LOCK_REF] = 1
-            _refresh(t, n, policy)
-        else:
-            t.nodes[n, LOCK_REF] += 1
-        n = t.nodes[n, PARENT]
+        if nodes[n, LOCK_REF] == 0:
+            ints[EVICTABLE] -= nodes[n, KEY_TOKENS]
+            ints[PROTECTED] += nodes[n, KEY_TOKENS]
+        nodes[n, LOCK_REF] += 1
+        n = nodes[n, PARENT]
 
 
 @njit(cache=True, error_model="numpy")
-def _unlock(t: Tree, n: int, policy: int) -> None:
+def _unlock(nodes: np.ndarray, ints: np.ndarray, n: int) -> None:
+    """dec_lock_ref: unlock the path from ``n`` up; a node unlocked last becomes evictable (the
+    caller refreshes it with eviction: ``_refresh_path(..., UNLOCKED_LAST, ...)``)."""
     while n != ROOT:
-        t.nodes[n, LOCK_REF] -= 1
-        if t.nodes[n, LOCK_REF] == 0:
-            t.ints[EVICTABLE] += t.nodes[n, KEY_TOKENS]
-            t.ints[PROTECTED] -= t.nodes[n, KEY_TOKENS]
+        nodes[n, LOCK_REF] -= 1
+        if nodes[n, LOCK_REF] == 0:
+            ints[EVICTABLE] += nodes[n, KEY_TOKENS]
+            ints[PROTECTED] -= nodes[n, KEY_TOKENS]
+        n = nodes[n, PARENT]
+
+
+LOCKED_FIRST, UNLOCKED_LAST = 1, 0  # a node's lock after a walk that changed its evictability
+
+
+@njit(cache=True, error_model="numpy")
+def _refresh_path(t: Tree, n: int, changed: int, policy: int) -> None:
+    """Refresh the nodes on the path from ``n`` up whose evictability the lock walk just changed:
+    locks move by one, so they are those whose lock is now ``changed``. Refreshing them after the
+    walk, not during it, pushes the same heap entries (a node's eviction key does not read
+    locks, and only the path's lowest node can be a leaf)."""
+    while n != ROOT:
+        if t.nodes[n, LOCK_REF] == changed:
             _refresh(t, n, policy)
         n = t.nodes[n, PARENT]
 
@@ -600,14 +639,15 @@ def _evict_to(t: Tree, need: int, bounded: bool, ps: int, policy: int) -> None:
         if leaf < 0:
             return
         parent = t.nodes[leaf, PARENT]
-        t.table[_slot_of(t, leaf, ps), SLOT_NODE] = TOMB
+        t.table[_slot_of(t.table, t.nodes, t.arena, leaf, ps), SLOT_NODE] = TOMB
         t.nodes[parent, N_CHILDREN] -= 1
         size = t.nodes[leaf, KEY_TOKENS]
         t.ints[EVICTABLE] -= size
         t.ints[POOL_FREE] += size
         t.ints[EVICTED] += size
         _free_node(t, leaf)
-        _refresh(t, parent, policy)
+        if policy != NO_EVICTION:
+            _refresh(t, parent, policy)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -645,8 +685,12 @@ def _checkpoint(
     if 0 < prompt_pages < length:
         split = rules.sglang_split_priority(priority)
         _insert(t, tokens, cum, prompt_pages, ns, prompt_pages, prompt_pages, split, ps, policy)
-    _unlock(t, node, policy)
-    _lock(t, last, policy)
+    _unlock(t.nodes, t.ints, node)
+    if policy != NO_EVICTION:
+        _refresh_path(t, node, UNLOCKED_LAST, policy)
+    _lock(t.nodes, t.ints, last)
+    if policy != NO_EVICTION:
+        _refresh_path(t, last, LOCKED_FIRST, policy)
     return last, length, max(inserted, length), new_tokens
 
 
@@ -747,8 +791,8 @@ def replay_sequential(
         room = len(t.arena) - t.ints[ARENA_TOP]
         if t.ints[FREE_TOP] < nodes_needed(prompt_tokens_in, chunk) or room < prompt_len + n_out:
             return i
-        buf[:prompt_len] = prompt_tokens[p0:p1]
-        buf[prompt_len : prompt_len + n_out] = output_tokens[o0:o1]
+        _copy(buf, 0, prompt_tokens, p0, prompt_len)
+        _copy(buf, prompt_len, output_tokens, o0, n_out)
         ns = namespace[i]
         evicted_before, splits_before = t.ints[EVICTED], t.ints[SPLITS]
         if refresh:
@@ -760,14 +804,17 @@ def replay_sequential(
         matched, node = _match(t, buf, cum, limit, ns, ps, policy)
         prio = priority[i]
         hit[i] = _at(cum, matched)
-        _lock(t, node, policy)
+        _lock(t.nodes, t.ints, node)
+        if policy != NO_EVICTION:
+            _refresh_path(t, node, LOCKED_FIRST, policy)
         protected, inserted, new_tokens = matched, np.int64(0), np.int64(0)
         start, is_first = matched, True
         while True:  # prefill chunks (PrefillAdder), cut in tokens
             end_at = rules.chunk_end(_at(cum, start), prompt_tokens_in, chunk, ps, is_first)
             end = _entry_at(cum, prompt_len, end_at)
             is_first = False
-            _alloc_extend(t, _at(cum, start), _at(cum, end), bounded, ps, policy)
+            if bounded:  # an unbounded pool allocates without a call (no refcounting)
+                _alloc_extend(t, _at(cum, start), _at(cum, end), bounded, ps, policy)
             if end >= prompt_len:
                 break
             node, protected, inserted, added = _checkpoint(
@@ -804,7 +851,8 @@ def replay_sequential(
                 policy,
             )
             new_tokens += added
-        _decode(t, prompt_tokens_in, steps, bounded, ps, policy)
+        if bounded:
+            _decode(t, prompt_tokens_in, steps, bounded, ps, policy)
         node, protected, inserted, added = _checkpoint(
             t,
             buf,
@@ -822,7 +870,9 @@ def replay_sequential(
         )
         new_tokens += added
         _take(t, -((final_tokens + ps - 1) // ps - _at(cum, protected) // ps) * ps, bounded)
-        _unlock(t, node, policy)
+        _unlock(t.nodes, t.ints, node)
+        if policy != NO_EVICTION:
+            _refresh_path(t, node, UNLOCKED_LAST, policy)
         evicted[i] = t.ints[EVICTED] - evicted_before
         splits[i] = t.ints[SPLITS] - splits_before
         inserted_tokens[i] = new_tokens

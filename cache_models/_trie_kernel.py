@@ -1,25 +1,32 @@
 """The prefix trie's kernels (``prefix_trie``): the node arrays, the child map, and the pass
 that matches then inserts each request of a token workload (``feed_tokens``; the run-length
-one is ``_trie_runs``)."""
+one is ``_trie_runs``).
+
+The child map is an open-addressing table of (parent, first token) keys in one int64 array, not a
+numba typed dict: every dict operation is a call into the runtime that counts a reference to the
+dict, and a lookup took two (``in``, then ``[]``). A trie only adds children (a split re-points
+a key), so the table has no tombstones; it doubles at half full, inside the pass."""
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.typed import Dict
+from numba import njit
 
 NO_CHILD = -1
 # Columns of the kernel's node matrix, in TrieNodes' order; entries of its sizes.
 PARENT, START, LENGTH, DEPTH, COUNT, FIRST, SPACE = range(7)
 N_COLUMNS = 7
-N_NODES, N_STORE, N_REQUESTS = range(3)
+N_NODES, N_STORE, N_REQUESTS, N_KEYS = range(4)  # N_KEYS: the child map's keys in use
+# Columns of the child map; a slot whose key is EMPTY_KEY is free (keys are never negative).
+KEY, CHILD = 0, 1
+EMPTY_KEY = -1
+_FIBONACCI = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: spreads the keys' low bits
 
 
 @njit(cache=True)
-def empty_children():
-    """The child map, made in compiled code: ``Dict.empty`` called from Python compiles its
-    constructor anew in every process (~0.3 s), this is loaded from numba's cache."""
-    return Dict.empty(key_type=types.int64, value_type=types.int64)
+def new_child_map(slots: int) -> np.ndarray:
+    """An empty child map of ``slots`` (a power of two) slots."""
+    return np.full((slots, 2), EMPTY_KEY, np.int64)
 
 
 @njit(cache=True, inline="always")
@@ -28,13 +35,57 @@ def child_key(node: int, token: int) -> int:
 
 
 @njit(cache=True, inline="always")
-def find_child(children, node: int, token: int) -> int:
+def _first_slot(key: int, mask: int) -> int:
+    h = np.int64(key) * np.int64(_FIBONACCI)
+    return (h ^ (h >> np.int64(32))) & mask
+
+
+@njit(cache=True, inline="always")
+def find_child(children: np.ndarray, node: int, token: int) -> int:
     key = child_key(node, token)
-    return children[key] if key in children else NO_CHILD  # noqa: SIM401 (numba: .get is Optional)
+    mask = len(children) - 1
+    s = _first_slot(key, mask)
+    while True:
+        found = children[s, KEY]
+        if found == key:
+            return children[s, CHILD]
+        if found == EMPTY_KEY:
+            return NO_CHILD
+        s = (s + 1) & mask
+
+
+@njit(cache=True)
+def set_child(
+    children: np.ndarray, sizes: np.ndarray, node: int, token: int, child: int
+) -> np.ndarray:
+    """Map (``node``, ``token``) to ``child``, a new key or a re-pointed one; returns the map
+    (a new, doubled one once it would be over half full)."""
+    if 2 * (sizes[N_KEYS] + 1) > len(children):
+        bigger = new_child_map(2 * len(children))
+        mask = len(bigger) - 1
+        for old in range(len(children)):
+            key = children[old, KEY]
+            if key != EMPTY_KEY:
+                s = _first_slot(key, mask)
+                while bigger[s, KEY] != EMPTY_KEY:
+                    s = (s + 1) & mask
+                bigger[s, KEY], bigger[s, CHILD] = key, children[old, CHILD]
+        children = bigger
+    key = child_key(node, token)
+    mask = len(children) - 1
+    s = _first_slot(key, mask)
+    while children[s, KEY] != key and children[s, KEY] != EMPTY_KEY:
+        s = (s + 1) & mask
+    if children[s, KEY] == EMPTY_KEY:
+        sizes[N_KEYS] += 1
+    children[s, KEY], children[s, CHILD] = key, child
+    return children
 
 
 @njit(cache=True)
 def grow(array: np.ndarray, needed: int) -> np.ndarray:
+    """``array`` with room for ``needed`` (callers test the size first: a call counts a
+    reference to each array it is passed and returns, atomically, once per request or node)."""
     if needed <= len(array):
         return array
     bigger = np.empty(max(needed, 2 * len(array)), array.dtype)
@@ -51,13 +102,15 @@ def grow_rows(array: np.ndarray, needed: int) -> np.ndarray:
     return bigger
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def add_node(columns, best, sizes, parent, start, length, depth, count, first, space):
-    """Append a node (the arrays grow geometrically); returns its id and the arrays."""
+    """Append a node (the arrays grow geometrically); returns its id and the arrays. Inlined, as
+    a call would count a reference to each array it is passed and returns."""
     node = sizes[N_NODES]
     sizes[N_NODES] = node + 1
-    columns = grow_rows(columns, node + 1)
-    best = grow_rows(best, node + 1)
+    if node + 1 > len(columns):
+        columns = grow_rows(columns, node + 1)
+        best = grow_rows(best, node + 1)
     columns[node, PARENT], columns[node, START], columns[node, LENGTH] = parent, start, length
     columns[node, DEPTH], columns[node, COUNT], columns[node, FIRST] = depth, count, first
     columns[node, SPACE] = space
@@ -96,7 +149,8 @@ def feed_tokens(
         o0, o1 = output_offsets[r], output_offsets[r + 1]
         prompt_len = p1 - p0
         n_out = (o1 - o0) if stop_finish[r] else (o1 - o0 - 1)
-        seq = grow(seq, prompt_len + n_out)
+        if prompt_len + n_out > len(seq):
+            seq = grow(seq, prompt_len + n_out)
         seq[:prompt_len] = prompt_tokens[p0:p1]
         seq[prompt_len : prompt_len + n_out] = output_tokens[o0 : o0 + n_out]
         seq_len = prompt_len + n_out
@@ -112,7 +166,7 @@ def feed_tokens(
         root = find_child(children, 0, namespace[r])
         if root == NO_CHILD:
             root, columns, best = add_node(columns, best, sizes, 0, 0, 0, 0, 0, -1, namespace[r])
-            children[child_key(0, namespace[r])] = root
+            children = set_child(children, sizes, 0, namespace[r], root)
 
         # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
         limit = min(prompt_len - 1, seq_len)
@@ -131,7 +185,8 @@ def feed_tokens(
                 reach[v] = max(reach[v], min(pos, best[child, v]))
             if m < span:
                 break
-            path = grow(path, n_path + 1)
+            if n_path + 1 > len(path):
+                path = grow(path, n_path + 1)
             path[n_path] = child
             n_path += 1
             node = child
@@ -159,7 +214,8 @@ def feed_tokens(
                 while pos < seq_len:
                     end = min(cut, seq_len)
                     n_store = sizes[N_STORE]
-                    store = grow(store, n_store + end - pos)
+                    if n_store + end - pos > len(store):
+                        store = grow(store, n_store + end - pos)
                     store[n_store : n_store + end - pos] = seq[pos:end]
                     sizes[N_STORE] = n_store + end - pos
                     counted = pos < prompt_len
@@ -176,7 +232,7 @@ def feed_tokens(
                         namespace[r],
                     )
                     best[leaf, :] = kept
-                    children[child_key(node, seq[pos])] = leaf
+                    children = set_child(children, sizes, node, seq[pos], leaf)
                     node, pos, cut = leaf, end, seq_len
                 break
             span = columns[child, LENGTH]
@@ -206,11 +262,11 @@ def feed_tokens(
                     columns[child, SPACE],
                 )
                 best[mid, :] = best[child, :]
-                children[child_key(node, seq[pos])] = mid
+                children = set_child(children, sizes, node, seq[pos], mid)
                 columns[child, PARENT] = mid
                 columns[child, START] += cut
                 columns[child, LENGTH] -= cut
-                children[child_key(mid, store[columns[child, START]])] = child
+                children = set_child(children, sizes, mid, store[columns[child, START]], child)
                 child = mid
             if pos < prompt_len:
                 columns[child, COUNT] += 1
@@ -221,4 +277,4 @@ def feed_tokens(
             pos += cut
             node = child
     sizes[N_REQUESTS] += n_requests
-    return hits, columns, best, store
+    return hits, columns, best, store, children

@@ -26,9 +26,9 @@ from cache_models._trie_kernel import (
     SPACE,
     START,
     add_node,
-    child_key,
     find_child,
     grow,
+    set_child,
 )
 
 
@@ -77,9 +77,11 @@ def feed_runs(
         o0, o1 = output_offsets[r], output_offsets[r + 1]
         n_prompt = p1 - p0  # entries
         n_all = n_prompt + o1 - o0
-        seq = grow(seq, n_all)
-        weight = grow(weight, n_all)
-        cum = grow(cum, n_all + 1)
+        if n_all > len(seq):
+            seq = grow(seq, n_all)
+            weight = grow(weight, n_all)
+        if n_all + 1 > len(cum):
+            cum = grow(cum, n_all + 1)
         seq[:n_prompt] = prompt_ids[p0:p1]
         seq[n_prompt:n_all] = output_ids[o0:o1]
         weight[:n_prompt] = prompt_weights[p0:p1]
@@ -104,7 +106,7 @@ def feed_runs(
         root = find_child(children, 0, namespace[r])
         if root == NO_CHILD:
             root, columns, best = add_node(columns, best, sizes, 0, 0, 0, 0, 0, -1, namespace[r])
-            children[child_key(0, namespace[r])] = root
+            children = set_child(children, sizes, 0, namespace[r], root)
 
         # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
         limit = _entries_within(cum, seq_len, prompt_len - 1)
@@ -137,8 +139,10 @@ def feed_runs(
                 while pos < seq_len:
                     end = min(cut, seq_len)
                     n_store = sizes[N_STORE]
-                    store = grow(store, n_store + end - pos)
-                    store_weights = grow(store_weights, n_store + end - pos)
+                    if n_store + end - pos > len(store):
+                        store = grow(store, n_store + end - pos)
+                    if n_store + end - pos > len(store_weights):
+                        store_weights = grow(store_weights, n_store + end - pos)
                     store[n_store : n_store + end - pos] = seq[pos:end]
                     store_weights[n_store : n_store + end - pos] = weight[pos:end]
                     sizes[N_STORE] = n_store + end - pos
@@ -156,7 +160,7 @@ def feed_runs(
                         namespace[r],
                     )
                     best[leaf, :] = kept
-                    children[child_key(node, seq[pos])] = leaf
+                    children = set_child(children, sizes, node, seq[pos], leaf)
                     node, pos, cut = leaf, end, seq_len
                 break
             span = columns[child, LENGTH]
@@ -184,11 +188,11 @@ def feed_runs(
                     columns[child, SPACE],
                 )
                 best[mid, :] = best[child, :]
-                children[child_key(node, seq[pos])] = mid
+                children = set_child(children, sizes, node, seq[pos], mid)
                 columns[child, PARENT] = mid
                 columns[child, START] += cut
                 columns[child, LENGTH] -= cut
-                children[child_key(mid, store[columns[child, START]])] = child
+                children = set_child(children, sizes, mid, store[columns[child, START]], child)
                 child = mid
             if pos < n_prompt:
                 columns[child, COUNT] += 1
@@ -199,4 +203,4 @@ def feed_runs(
             pos += cut
             node = child
     sizes[N_REQUESTS] += n_requests
-    return hits, columns, best, store, store_weights
+    return hits, columns, best, store, store_weights, children

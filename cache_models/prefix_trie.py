@@ -40,8 +40,8 @@ from cache_models._trie_kernel import (
     N_NODES,
     N_REQUESTS,
     N_STORE,
-    empty_children,
     feed_tokens,
+    new_child_map,
 )
 from cache_models._trie_runs import feed_runs
 from cache_models.result import ReplayResult
@@ -143,14 +143,14 @@ class PrefixTrie:
         self.views = list(views)
         self._granularity = np.array([v.granularity for v in self.views], np.int64)
         self._vllm = np.array([v.engine == "vllm" for v in self.views], np.bool_)
-        self._children = empty_children()
+        self._children = new_child_map(1 << 12)
         self._columns = np.zeros((1024, N_COLUMNS), np.int64)
         # per node and view: the most a sequence through it keeps (tokens of one request: int32)
         self._best = np.zeros((1024, len(self.views)), np.int32)
         self._store = np.zeros(1 << 16, np.int32)
         self._store_weights = np.zeros(0, np.int32)  # a trie fed runs: tokens per store entry
         self._first_tokens: np.ndarray | None = None  # a trie fed runs: its runs' first tokens
-        self._sizes = np.zeros(3, np.int64)
+        self._sizes = np.zeros(4, np.int64)  # nodes, store, requests, child-map keys
         self._sizes[N_NODES] = 1  # node 0: the sentinel above the namespace roots
         self._nodes: TrieNodes | None = None
 
@@ -172,7 +172,7 @@ class PrefixTrie:
             self._store,
             int(self._sizes[N_STORE]) + int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1]),
         )
-        hits, self._columns, self._best, self._store = feed_tokens(
+        hits, self._columns, self._best, self._store, self._children = feed_tokens(
             self._columns,
             self._best,
             self._store,
@@ -193,7 +193,7 @@ class PrefixTrie:
         self._store_weights = _with_room(self._store_weights, needed)
         prompt_weights, output_weights = chunk.kernel_weights()
         prompt_ids, prompt_offsets, output_ids, output_offsets, namespace, _ = runs.kernel_inputs()
-        hits, self._columns, self._best, self._store, self._store_weights = feed_runs(
+        hits, columns, best, store, weights, children = feed_runs(
             self._columns,
             self._best,
             self._store,
@@ -211,6 +211,8 @@ class PrefixTrie:
             self._granularity,
             self._vllm,
         )
+        self._columns, self._best, self._store = columns, best, store
+        self._store_weights, self._children = weights, children
         self._first_tokens = np.asarray(chunk.first_tokens, np.int64)
         self._nodes = None
         return list(hits)

@@ -102,10 +102,12 @@ def test_record_list_reads_like_a_list(tmp_path: Path) -> None:
     path.write_bytes(b"\n".join(_lines(np.random.default_rng(3), 2500)) + b"\n")
     reader = ChunkedIngest([path], IngestOptions(format="tokens"), NoProgress())
     items = list(reader.items())
-    assert [len(i) for i in items] == [1024, 1024, 452]
+    assert [len(i) for i in items] == [2000, 500]
     assert all(isinstance(i, TokenLines) for i in items)
     whole = [r for i in items for r in i.records(with_ids=False)]
-    records = RecordList([items[0], whole[1024:1030], items[1].slice(6, 1024), items[2]])
+    records = RecordList(
+        [items[0].slice(0, 1024), whole[1024:1030], items[0].slice(1030, 2000), items[1]]
+    )
     assert len(records) == 2500
     assert _record_dicts(records) == _record_dicts(whole)
     assert [records[k].line for k in (0, 1023, 1024, 1029, 1030, 2499, -1)] == [
@@ -129,7 +131,7 @@ def _same(a: object, b: object) -> None:
         assert a == b
 
 
-def _trace_lines(rng: np.random.Generator, n: int, block: int) -> list[bytes]:
+def _trace_lines(rng: np.random.Generator, n: int, block: int, timed: float) -> list[bytes]:
     out = []
     for i in range(n):
         length = int(rng.integers(1, 6 * block))
@@ -140,18 +142,20 @@ def _trace_lines(rng: np.random.Generator, n: int, block: int) -> list[bytes]:
             if rng.random() < 0.3:
                 more = -(-(length + line["output_length"]) // block) - blocks
                 line["output_hash_ids"] = rng.integers(0, 40, more).tolist()
-        if rng.random() < 0.9:
+        if rng.random() < timed:
             line["timestamp"] = 1000 * i + int(rng.integers(1000))
         out.append(json.dumps(line).encode())
     return out
 
 
-@pytest.mark.parametrize("runs", [8192, None])  # replayed as runs; expanded into tokens
+@pytest.mark.parametrize(
+    ("runs", "timed"), [(8192, 0.9), (8192, 1.0), (8192, 0.0), (None, 0.9)]
+)  # replayed as runs (some, every, no line with a time); expanded into tokens
 def test_hash_lines_match_records(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs: int | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs: int | None, timed: float
 ) -> None:
     path = tmp_path / "t.jsonl"
-    lines = _trace_lines(np.random.default_rng(5), 2600, 16)
+    lines = _trace_lines(np.random.default_rng(5), 2600, 16, timed)
     lines[1500] = b'{"input_length": 3, "hash_ids": [1], "extra": 1}'  # one batch of Records
     path.write_bytes(b"\n".join(lines) + b"\n")
     monkeypatch.setattr(ingest, "CHUNK_TOKENS", 9000)

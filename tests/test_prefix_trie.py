@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from analyzer.prefixes import shared_prefixes
+from cache_models._trie_kernel import find_child
 from cache_models.config import SglangConfig, VllmConfig
 from cache_models.prefix_trie import PrefixTrie, View, unbounded_hits
 from cache_models.sglang_radix import SglangRadixCache
@@ -161,3 +162,25 @@ def test_first_request_counts_over_the_whole_stream() -> None:
     }
     assert firsts[(7, 8, 9)] == 2
     assert firsts[(1, 2)] == 0 and firsts[(1, 2, 3)] == 0 and firsts[(1, 2, 3, 5)] == 3
+
+
+def test_the_child_map_grows_and_keeps_every_child() -> None:
+    """Thousands of branches double the child map (4096 slots at first, half of them usable)
+    several times, mid-feed and across feeds: every view's hits still equal the engines'
+    unbounded replays, and every node is found again under its parent."""
+    workload = to_workload(random_workload(5, n_requests=2500, vocab=50))
+    views = [View("ideal"), View("vllm", 16), View("sglang", 1)]
+    trie = PrefixTrie(views)
+    parts = [trie.feed(workload.rows(start, start + 500)) for start in range(0, 2500, 500)]
+    assert len(trie._children) >= 4 * 4096
+    hits = [np.concatenate([part[v] for part in parts]) for v in range(len(views))]
+    assert hits[0].tolist() == PrefixTrie().replay(workload).hit_tokens.tolist()
+    vllm = VllmPrefixCache(VllmConfig(block_size=16)).replay(workload).hit_tokens
+    sglang = SglangRadixCache(SglangConfig()).replay(workload).hit_tokens
+    assert hits[1].tolist() == vllm.tolist()
+    assert hits[2].tolist() == sglang.tolist()
+    nodes = trie.nodes
+    for node in range(2, nodes.n_nodes):
+        if nodes.parent[node] > 0:
+            first = nodes.store[nodes.start[node]]
+            assert find_child(trie._children, nodes.parent[node], first) == node

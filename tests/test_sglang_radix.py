@@ -390,7 +390,7 @@ def test_the_child_map_holds_each_live_node_once() -> None:
     tree.ints[k.ARENA_TOP] = 8
     tree.ints[k.TABLE_FILL] = len(tree.table) // 2  # the tombstones of evicted nodes
     node = k._new_node(tree, k.ROOT, 0, 0, 8, 8, 0)
-    k._add_child(tree, node, 1)
+    k._add_child(tree.table, tree.nodes, tree.arena, tree.ints, node, 1)
     mapped = tree.table[:, k.SLOT_NODE]
     assert mapped[mapped >= 0].tolist() == [node]
     assert tree.ints[k.TABLE_FILL] == 1
