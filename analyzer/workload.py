@@ -19,7 +19,7 @@ from analyzer.token_cache import CacheStats, cached_ids, encode_texts, store_ids
 from analyzer.tokenizer import Tokenizer
 from cache_models.hash_runs import HashTrace
 from cache_models.runs import RunWorkload
-from cache_models.workload import Workload, offsets_of
+from cache_models.workload import Workload, joined_offsets, offsets_of
 
 # Finish reasons that mean the request hit max_tokens; anything else ended on a stop token.
 LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens", "model_length"})
@@ -249,8 +249,7 @@ def build_lines_workload(
     nulls = [None] * n
     requests = _frame(
         {
-            "file": [piece.file for piece in pieces for _ in range(len(piece))],
-            "line": np.concatenate([piece.lines for piece in pieces]),
+            **_where_read(pieces),
             **column,
             "arrival_s": nulls,
             "tenant": nulls,
@@ -300,8 +299,7 @@ def build_run_workload(
         arrival_s = arrival if n and not np.isnan(arrival).any() else None
         nulls = [None] * n
         columns = {name: nulls for name in RECORD_COLUMNS} | {
-            "file": [piece.file for piece in lines for _ in range(len(piece))],
-            "line": _flat([piece.lines for piece in lines]),
+            **_where_read(lines),
             "arrival_s": pl.Series(arrival).fill_nan(None),  # NaN: no time
         }
         routing = {path: nulls for path in routing_fields}
@@ -353,7 +351,7 @@ def hash_trace_of(items: Sequence[Record | HashLines]) -> HashTrace:
     n = sum(len(part) for part in parts)
     return HashTrace(
         ids=_flat([part.ids for part in parts]),
-        id_offsets=_joined([part.id_offsets for part in parts]),
+        id_offsets=joined_offsets([part.id_offsets for part in parts]),
         block_size=parts[0].block_size if parts else 1,
         prompt_lengths=_flat([part.prompt_length for part in parts]),
         output_lengths=np.maximum(1, _flat([part.output_length for part in parts])),
@@ -382,17 +380,16 @@ def _as_lines(records: Sequence[Record]) -> HashLines:
     )
 
 
+def _where_read(pieces: Sequence[TokenLines | HashLines]) -> dict[str, Sequence]:
+    """The request frame's ``file`` and ``line`` columns of lines read as columns."""
+    return {
+        "file": [piece.file for piece in pieces for _ in range(len(piece))],
+        "line": _flat([piece.lines for piece in pieces]),
+    }
+
+
 def _flat(parts: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-def _joined(offsets: Sequence[np.ndarray]) -> np.ndarray:
-    """Offsets of consecutive parts, each from 0, as one array."""
-    out, base = [np.zeros(1, np.int64)], 0
-    for part in offsets:
-        out.append(part[1:] + base)
-        base += int(part[-1])
-    return np.concatenate(out)
 
 
 def _item_records(item: Record | HashLines) -> list[Record]:

@@ -295,9 +295,9 @@ def concat_workloads(workloads: Sequence[Workload]) -> Workload:
     arrivals = [w.arrival_s for w in workloads]
     return Workload(
         prompt_tokens=np.concatenate([w.prompt_tokens for w in workloads]),
-        prompt_offsets=_joined_offsets([w.prompt_offsets for w in workloads]),
+        prompt_offsets=joined_offsets([w.prompt_offsets for w in workloads]),
         output_tokens=np.concatenate([w.output_tokens for w in workloads]),
-        output_offsets=_joined_offsets([w.output_offsets for w in workloads]),
+        output_offsets=joined_offsets([w.output_offsets for w in workloads]),
         namespace=np.concatenate([w.namespace for w in workloads]),
         stop_finish=np.concatenate([w.stop_finish for w in workloads]),
         arrival_s=None if any(a is None for a in arrivals) else np.concatenate(arrivals),
@@ -322,7 +322,8 @@ def _joined_column(
     return None if all(g is None for g in given) else np.concatenate(filled)
 
 
-def _joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+def joined_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The offsets of consecutive parts (each from 0) as one array over them all."""
     shifted, base = [np.zeros(1, np.int64)], 0
     for offsets in parts:
         shifted.append(offsets[1:] + base)
