@@ -94,6 +94,16 @@ def grow(array: np.ndarray, needed: int) -> np.ndarray:
 
 
 @njit(cache=True)
+def grow_zeros(array: np.ndarray, needed: int) -> np.ndarray:
+    """``grow``, the new room zeroed."""
+    if needed <= len(array):
+        return array
+    bigger = np.zeros(max(needed, 2 * len(array)), array.dtype)
+    bigger[: len(array)] = array
+    return bigger
+
+
+@njit(cache=True)
 def grow_rows(array: np.ndarray, needed: int) -> np.ndarray:
     if needed <= len(array):
         return array
@@ -132,12 +142,24 @@ def feed_tokens(
     stop_finish,
     view_granularity,
     view_vllm,
+    boundaries,
+    hit_limit,
+    chunk,
+    split_view,
 ):
     """Match then insert each request (see the module docstring); ``best[node, view]`` is the most
-    any sequence through the node keeps in that view."""
+    any sequence through the node keeps in that view. Per view, ``hits`` is the match (limited
+    to L - 1) and ``reach`` the same over the whole kept sequence. With ``boundaries`` (one byte
+    per store entry; empty: off) it also counts SGLang's node splits per request, reading ``D``
+    off view ``split_view`` (``_sglang_splits``)."""
     n_requests = len(prompt_offsets) - 1
     n_views = len(view_granularity)
     hits = np.zeros((n_views, n_requests), np.int64)
+    reach_out = np.zeros((n_views, n_requests), np.int64)
+    splits = np.zeros(n_requests, np.int64)
+    splitting = len(boundaries) > 0
+    segments = np.zeros((64, 3), np.int64)  # the request's path: (depth, store start, length)
+    cuts = np.zeros(8, np.int64)
     reach = np.zeros(n_views, np.int64)  # per view: the longest min(LCP, kept) so far
     kept = np.zeros(n_views, np.int64)  # per view: what the engine keeps of this request
     seq = np.zeros(1024, np.int32)
@@ -196,9 +218,13 @@ def feed_tokens(
 
         # 2. insert prompt + cacheable outputs, splitting at divergences and at the prompt end;
         # the nodes the match passed through whole lie inside the prompt: counted as they are
-        node, pos = root, 0
+        node, pos, n_segments = root, 0, 0
         for k in range(n_path):
             child = path[k]
+            if splitting:
+                segments, n_segments = _segment(
+                    segments, n_segments, pos, columns[child, START], columns[child, LENGTH]
+                )
             columns[child, COUNT] += 1
             if columns[child, FIRST] < 0:
                 columns[child, FIRST] = request
@@ -216,7 +242,13 @@ def feed_tokens(
                     n_store = sizes[N_STORE]
                     if n_store + end - pos > len(store):
                         store = grow(store, n_store + end - pos)
+                    if splitting and len(boundaries) < len(store):
+                        boundaries = grow_zeros(boundaries, len(store))
                     store[n_store : n_store + end - pos] = seq[pos:end]
+                    if splitting:
+                        segments, n_segments = _segment(
+                            segments, n_segments, pos, n_store, end - pos
+                        )
                     sizes[N_STORE] = n_store + end - pos
                     counted = pos < prompt_len
                     leaf, columns, best = add_node(
@@ -241,7 +273,13 @@ def feed_tokens(
                 m < span and pos + m < seq_len and store[columns[child, START] + m] == seq[pos + m]
             ):
                 m += 1
+            for v in range(n_views):  # before this request's own kept length is added
+                reach[v] = max(reach[v], min(pos + m, best[child, v]))
             cut = min(m, prompt_len - pos) if pos < prompt_len else m
+            if splitting:
+                segments, n_segments = _segment(
+                    segments, n_segments, pos, columns[child, START], cut
+                )
             if cut < span:
                 if pos + cut == seq_len and pos + cut != prompt_len:
                     # the sequence ends inside an output node: nothing to add but what it keeps
@@ -276,5 +314,79 @@ def feed_tokens(
                 best[child, v] = max(best[child, v], kept[v])
             pos += cut
             node = child
+        for v in range(n_views):
+            reach_out[v, r] = reach[v]
+        if splitting:
+            limit = prompt_len - 1 if hit_limit[r] < 0 else min(prompt_len - 1, hit_limit[r])
+            splits[r], cuts = _sglang_splits(
+                boundaries,
+                segments,
+                n_segments,
+                cuts,
+                reach[split_view],
+                seq_len,
+                prompt_len,
+                prompt_len + n_out,
+                limit,
+                chunk,
+            )
     sizes[N_REQUESTS] += n_requests
-    return hits, columns, best, store, children
+    return hits, reach_out, splits, columns, best, store, children, boundaries
+
+
+@njit(cache=True, inline="always")
+def _segment(segments, n_segments, depth, start, length):
+    """Append a piece of the request's path: ``length`` tokens from ``depth``, stored from
+    ``start``."""
+    if n_segments + 1 > len(segments):
+        segments = grow_rows(segments, n_segments + 1)
+    segments[n_segments, 0], segments[n_segments, 1] = depth, start
+    segments[n_segments, 2] = length
+    return segments, n_segments + 1
+
+
+@njit(cache=True, inline="always")
+def _sglang_splits(
+    boundaries, segments, n_segments, cuts, shared, seq_len, prompt_len, kept, limit, chunk
+):
+    """The node splits SGLang's radix tree makes for one request, unbounded at page size 1, and
+    its node ends marked in ``boundaries`` (a byte per store entry: whether the prefix ending at
+    that token ends a node). ``shared`` is ``D``, what the request's ``kept`` tokens share with
+    the tree before it (``_sglang_unbounded``). Each of the request's walks ends at some ``e``
+    (the match: ``limit``; each prefill chunk's checkpoint; the prompt's: L; the release:
+    ``kept``; the refresh match, L, adds no end): it cuts the tree at ``min(D, e)``, a split
+    unless a node already ends there, and an insert's new leaf ends at its ``e > D``."""
+    matched = min(shared, limit)
+    n_chunks = max(0, (prompt_len - matched - 1) // chunk) if chunk > 0 else 0
+    n_ends = 3 + n_chunks
+    if len(cuts) < 2 * n_ends:
+        cuts = np.empty(2 * n_ends, np.int64)
+    n_cuts = 0
+    for k in range(n_ends):
+        if k == 0:
+            e = limit
+        elif k == 1:
+            e = prompt_len
+        elif k == 2:
+            e = kept
+        else:
+            e = matched + (k - 2) * chunk
+        cuts[n_cuts] = min(shared, e)
+        n_cuts += 1
+        if e > shared and k > 0:  # an insert's leaf ends there (the match adds none)
+            cuts[n_cuts] = e
+            n_cuts += 1
+    cuts[:n_cuts].sort()
+    found, s, last = 0, 0, -1
+    for k in range(n_cuts):
+        p = cuts[k]
+        if p == last or p <= 0 or p > seq_len:  # nothing lies past an unknown token
+            continue
+        last = p
+        while segments[s, 0] + segments[s, 2] < p:  # the piece holding token p - 1
+            s += 1
+        at = segments[s, 1] + p - 1 - segments[s, 0]
+        if p <= shared and boundaries[at] == 0:
+            found += 1
+        boundaries[at] = 1
+    return found, cuts

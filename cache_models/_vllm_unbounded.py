@@ -17,19 +17,18 @@ long as the first. So r finds ``E`` leading blocks cached, ``E = floor(min(K, D)
   those already cached are ``duplicate_blocks = E - hit``;
 - nothing is evicted, preempted or rejected (an unbounded pool takes every request).
 
-``D`` is a prefix trie's match over the ``K`` tokens: each request is fed as a "prompt" of its
-``K`` tokens and one unknown token (so the trie's match limit, the prompt less one token, is the
-``K`` tokens), with one unknown output: the trie then keeps, of each request, its ``K`` tokens
-(nothing after an unknown token is stored), and its vLLM view at granularity ``B`` gives
-``B * E`` (it floors the match to whole blocks; what it keeps past the last whole block is never
-a whole block, so it never counts). A request of tokens is the same, one token an entry
-(``kept_tokens``).
+``D`` is a prefix trie's reach in a vLLM view at granularity ``B`` (``TrieFeed.reach``: the
+longest ``min(LCP, kept)`` over the request's whole sequence, each node keeping the most an
+earlier request through it keeps, floored to whole blocks), capped at ``K``. A run-length
+workload is fed as sequences of what vLLM keeps (``kept_sequences``): each request a "prompt"
+of its ``K`` tokens and one unknown token (so the trie's match limit, the prompt less one token,
+is the ``K`` tokens), with one unknown output; the trie then keeps, of each request, its ``K``
+tokens (nothing after an unknown token is stored), and its hits in the view are ``B * E``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from cache_models import engine_rules as rules
 from cache_models.prefix_trie import PrefixTrie, View
@@ -37,7 +36,6 @@ from cache_models.runs import RunWorkload
 from cache_models.workload import Workload, offsets_of
 
 UNKNOWN = -1  # an unknown token: matches nothing, ends what the trie stores of a request
-SLICE_REQUESTS = 8192  # a token chunk is fed this many requests at a time (its kept copy)
 
 
 class UnboundedVllm:
@@ -52,21 +50,17 @@ class UnboundedVllm:
         """The chunk's hit tokens and counters (``vllm_apc._counters``' names), as the pool's
         sequential replay of the log so far gives them."""
         size = self.block_size
+        prompt = chunk.prompt_lengths
+        kept = rules.vllm_peak_tokens(prompt, chunk.output_lengths)
         if isinstance(chunk, RunWorkload):
             (present_tokens,) = self.trie.feed(kept_sequences(chunk))
             skips = chunk.runs.skips_lookup
         else:
-            present_tokens = np.concatenate(
-                [np.zeros(0, np.int64)]
-                + [
-                    self.trie.feed(kept_tokens(chunk, a, b))[0]
-                    for a, b in _slices(chunk.n_requests, SLICE_REQUESTS)
-                ]
-            )
+            (reach,) = self.trie.feed_tokens(chunk).reach
+            present_tokens = np.minimum(reach, kept)
             skips = chunk.skips_lookup
         present = present_tokens // size
-        prompt = chunk.prompt_lengths
-        cached = rules.vllm_peak_tokens(prompt, chunk.output_lengths) // size
+        cached = kept // size
         hit = np.where(skips, 0, np.minimum(present, (prompt - 1) // size))
         none = np.zeros(chunk.n_requests, np.int64)
         counters = {
@@ -115,50 +109,6 @@ def kept_sequences(workload: RunWorkload) -> RunWorkload:
         stop_finish=np.ones(n, bool),
     )
     return RunWorkload(sequences, weights, ones, workload.first_tokens, workload.log_tokens_hint)
-
-
-def kept_tokens(workload: Workload, start: int, stop: int) -> Workload:
-    """Requests ``start`` to ``stop``, each as a prompt of what vLLM keeps of it (the first
-    ``L + n - 1`` tokens of its prompt and answer) and one unknown token, with one unknown
-    output (the module docstring)."""
-    n = stop - start
-    rows = slice(start, stop)
-    kept = rules.vllm_peak_tokens(workload.prompt_lengths[rows], workload.output_lengths[rows])
-    offsets = offsets_of(kept + 1)
-    ids = np.empty(int(offsets[-1]), np.int32)
-    _fill_kept(
-        workload.prompt_tokens,
-        workload.prompt_offsets[start:],
-        workload.output_tokens,
-        workload.output_offsets[start:],
-        offsets,
-        ids,
-    )
-    return Workload(
-        prompt_tokens=ids,
-        prompt_offsets=offsets,
-        output_tokens=np.full(n, UNKNOWN, np.int32),
-        output_offsets=np.arange(n + 1, dtype=np.int64),
-        namespace=workload.namespace[rows],
-        stop_finish=np.ones(n, bool),
-    )
-
-
-@njit(cache=True, nogil=True)
-def _fill_kept(p_tok, p_off, o_tok, o_off, offsets, ids):  # type: ignore[no-untyped-def]
-    """The kept tokens of requests ``p_off``'s first ``len(offsets) - 1``, at ``offsets``."""
-    for r in range(len(offsets) - 1):
-        at, kept = offsets[r], offsets[r + 1] - offsets[r] - 1
-        from_prompt = min(kept, p_off[r + 1] - p_off[r])
-        for j in range(from_prompt):
-            ids[at + j] = p_tok[p_off[r] + j]
-        for j in range(kept - from_prompt):
-            ids[at + from_prompt + j] = o_tok[o_off[r] + j]
-        ids[at + kept] = UNKNOWN
-
-
-def _slices(n: int, size: int) -> list[tuple[int, int]]:
-    return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
 def _positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

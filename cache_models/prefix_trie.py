@@ -130,13 +130,38 @@ class View:
             raise ValueError(f"bad view {self}")
 
 
+@dataclass(frozen=True)
+class SplitCount:
+    """Count the node splits of SGLang's unbounded radix tree at page size 1 (``_trie_kernel.
+    _sglang_splits``), reading ``D`` off view ``view`` (an SGLang view at granularity 1), with
+    prefill chunks of ``chunk`` tokens (0: none)."""
+
+    view: int
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class TrieFeed:
+    """A token feed's per-request results, one array per view: ``hits`` (the match, limited to
+    L - 1), ``reach`` (the longest ``min(LCP, kept)`` over the whole kept sequence, not only the
+    prompt: what vLLM finds cached of its blocks, and SGLang's ``D``), and SGLang's node
+    ``splits`` (None unless counted)."""
+
+    hits: list[np.ndarray]
+    reach: list[np.ndarray]
+    splits: np.ndarray | None
+
+
 class PrefixTrie:
     """The ideal prefix cache, and per ``View`` an engine's unbounded one: replays a workload, or
     a log chunk by chunk (``feed``), and keeps the trie for later questions."""
 
     engine = "ideal"
 
-    def __init__(self, views: Sequence[View] = (View("ideal"),)) -> None:
+    def __init__(
+        self, views: Sequence[View] = (View("ideal"),), splits: SplitCount | None = None
+    ) -> None:
+        self.splits = splits
         self._start(views)
 
     def _start(self, views: Sequence[View]) -> None:
@@ -153,6 +178,8 @@ class PrefixTrie:
         self._sizes = np.zeros(4, np.int64)  # nodes, store, requests, child-map keys
         self._sizes[N_NODES] = 1  # node 0: the sentinel above the namespace roots
         self._nodes: TrieNodes | None = None
+        # per store entry, whether SGLang's tree has a node end there (``splits``; empty: off)
+        self._boundaries = np.zeros(0 if self.splits is None else len(self._store), np.uint8)
 
     @property
     def n_requests(self) -> int:
@@ -167,24 +194,39 @@ class PrefixTrie:
         if self.n_requests and runs != (self._first_tokens is not None):
             raise ValueError("a trie is fed tokens or runs, not both")
         if runs:
+            if self.splits is not None:
+                raise ValueError("a trie counts SGLang's splits over tokens only")
             return self._feed_runs(chunk)
-        self._store = _with_room(
-            self._store,
-            int(self._sizes[N_STORE]) + int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1]),
-        )
-        hits, self._columns, self._best, self._store, self._children = feed_tokens(
+        return self.feed_tokens(chunk).hits
+
+    def feed_tokens(self, chunk: Workload, stop_finish: np.ndarray | None = None) -> TrieFeed:
+        """``feed`` of tokens, with each request's reach and (``splits``) SGLang's node splits.
+        ``stop_finish``: which requests keep their last output in the SGLang and ideal views
+        (default ``Workload.sglang_stop_finish``: the overlap scheduler's)."""
+        if self._first_tokens is not None:
+            raise ValueError("a trie is fed tokens or runs, not both")
+        tokens = int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1])
+        self._store = _with_room(self._store, int(self._sizes[N_STORE]) + tokens)
+        if self.splits is not None:
+            self._boundaries = _with_room(self._boundaries, len(self._store), zeroed=True)
+        hits, reach, splits, *state = feed_tokens(
             self._columns,
             self._best,
             self._store,
             self._children,
             self._sizes,
             *chunk.kernel_inputs()[:5],
-            chunk.sglang_stop_finish,  # SGLang's views; vLLM's keep N - 1 outputs regardless
+            chunk.sglang_stop_finish if stop_finish is None else stop_finish,
             self._granularity,
             self._vllm,
+            self._boundaries,
+            chunk.hit_limits if self.splits is not None else np.zeros(0, np.int64),
+            0 if self.splits is None else self.splits.chunk,
+            0 if self.splits is None else self.splits.view,
         )
+        self._columns, self._best, self._store, self._children, self._boundaries = state
         self._nodes = None
-        return list(hits)
+        return TrieFeed(list(hits), list(reach), None if self.splits is None else splits)
 
     def _feed_runs(self, chunk: RunWorkload) -> list[np.ndarray]:
         runs = chunk.runs
@@ -269,12 +311,13 @@ def _sglang_stop_finish(workload: RunWorkload) -> np.ndarray:
     return stops & ~((given >= 0) & (workload.output_lengths >= given))
 
 
-def _with_room(store: np.ndarray, needed: int) -> np.ndarray:
+def _with_room(store: np.ndarray, needed: int, zeroed: bool = False) -> np.ndarray:
     """``store`` with room for ``needed`` tokens, grown here rather than in the kernel: numpy
     asks for huge pages (numba's runtime does not), and room it never writes stays unmapped, so
     the bound (every token of the chunk) costs no memory the store does not use."""
     if needed <= len(store):
         return store
-    bigger = np.empty(max(needed, 2 * len(store)), store.dtype)
+    size = max(needed, 2 * len(store))
+    bigger = np.zeros(size, store.dtype) if zeroed else np.empty(size, store.dtype)
     bigger[: len(store)] = store
     return bigger

@@ -77,6 +77,7 @@ import numpy as np
 
 from cache_models import _sglang_kernel as kernel
 from cache_models._sglang_reference import ReferenceReplay
+from cache_models._sglang_unbounded import UnboundedSglang, by_trie
 from cache_models.config import SglangConfig
 from cache_models.result import ReplayResult
 from cache_models.runs import RunWorkload
@@ -132,6 +133,7 @@ class SglangSession:
         self.implementation = implementation
         self.reference = ReferenceReplay(config) if implementation == "reference" else None
         self.tree: kernel.Tree | None = None  # the fast path's tree, once fed
+        self.unbounded: UnboundedSglang | None = None  # an unbounded cache of tokens (by_trie)
         self.fed_runs: bool | None = None  # whether it was fed runs (None: not fed yet)
 
     def feed(self, chunk: Workload | RunWorkload) -> ReplayResult:
@@ -148,12 +150,16 @@ class SglangSession:
         if self.reference is not None:
             self.reference.run(chunk)
             return _reference_result(chunk, self.reference)
+        if not runs and by_trie(self.config):
+            self.unbounded = self.unbounded or UnboundedSglang(self.config)
+            return _result(chunk, *self.unbounded.feed(chunk))
         out, self.tree = _replay_fast(self.config, chunk, self.tree)
         return _result(chunk, out.pop("hit"), out)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the fast path's tree (0 for the reference, whose objects are Python's)."""
+        """Bytes held by the fast path's tree (0 for the reference, whose objects are Python's,
+        and for an unbounded cache of tokens, whose trie is the log's own size)."""
         return 0 if self.tree is None else sum(array.nbytes for array in self.tree)
 
 

@@ -301,17 +301,13 @@ def test_trie_consumers_read_a_run_trie_as_the_token_trie() -> None:
     assert found_prefixes
 
 
-def test_unbounded_vllm_of_tokens_by_the_trie_is_the_pool_replay(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A sequential unbounded replay of tokens goes by the prefix trie too: every hit and
-    counter of the pool's (``_replay_fast``), whole and in a session, fed in slices of a few
-    requests; the cases include answers of one token, unknown answers, answers hit by later
+def test_unbounded_vllm_of_tokens_by_the_trie_is_the_pool_replay() -> None:
+    """A sequential unbounded replay of tokens goes by the prefix trie too (its reach over what
+    each request keeps): every hit and counter of the pool's (``_replay_fast``), whole and in a
+    session; the cases include answers of one token, unknown answers, answers hit by later
     turns, two namespaces and skipped lookups."""
-    from cache_models import _vllm_unbounded
     from cache_models.workload import Workload
 
-    monkeypatch.setattr(_vllm_unbounded, "SLICE_REQUESTS", 5)
     rng = np.random.default_rng(7)
     duplicates = answers_hit = 0
     for _ in range(12):

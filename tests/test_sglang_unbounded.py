@@ -1,0 +1,117 @@
+"""An unbounded SGLang cache at page size 1 replayed by the prefix trie (``_sglang_unbounded``)
+gives, request for request, every hit and counter of the radix tree kernel's replay.
+
+Random token logs built to split the tree everywhere it can split: a tiny alphabet, prompts that
+extend, cut short or branch off earlier requests (or their answers) mid-node, answers known or
+unknown, stops and length finishes (some on ``max_new_tokens``), ``logprob_start_len`` caps, two
+namespaces; prefill chunks of 1 to 8 tokens or none, the overlap scheduler on or off, the
+waiting-prefix refresh on or off; fed whole and in chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_models import sglang_radix
+from cache_models.config import SglangConfig
+from cache_models.result import ReplayResult
+from cache_models.workload import Workload
+
+
+def random_log(rng: np.random.Generator, n: int = 60) -> Workload:
+    """A log whose requests share prefixes with earlier ones (see the module docstring)."""
+    sequences: list[list[int]] = []
+    prompts, outputs = [], []
+    for _ in range(n):
+        if sequences and rng.random() < 0.8:
+            base = sequences[int(rng.integers(len(sequences)))]
+            prompt = base[: int(rng.integers(0, len(base) + 1))]
+        else:
+            prompt = []
+        prompt = prompt + [int(t) for t in rng.integers(0, 3, int(rng.integers(0, 7)))]
+        prompt = prompt or [int(rng.integers(0, 3))]
+        answer = [int(t) for t in rng.integers(0, 3, int(rng.integers(1, 5)))]
+        known = rng.random() < 0.7
+        prompts.append(prompt)
+        outputs.append(answer if known else None)
+        sequences.append(prompt + (answer if known else []))
+    workload = Workload.from_lists(
+        prompts,
+        outputs,
+        namespace=[int(k) for k in rng.integers(0, 2, n)],
+        stop_finish=[bool(s) for s in rng.random(n) < 0.5],
+    )
+    lengths = workload.prompt_lengths
+    caps = np.where(rng.random(n) < 0.2, rng.integers(0, lengths + 1), -1)
+    answered = workload.output_lengths
+    limits = np.where(rng.random(n) < 0.3, answered, -1)
+    return replace(workload, hit_limit=caps.astype(np.int64), max_new_tokens=limits)
+
+
+def by_kernel(config: SglangConfig, chunks: list[Workload]) -> list[ReplayResult]:
+    tree = None
+    results = []
+    for chunk in chunks:
+        out, tree = sglang_radix._replay_fast(config, chunk, tree)
+        results.append(sglang_radix._result(chunk, out.pop("hit"), out))
+    return results
+
+
+def assert_same(trie: ReplayResult, kernel: ReplayResult) -> None:
+    np.testing.assert_array_equal(trie.hit_tokens, kernel.hit_tokens)
+    assert trie.counters.keys() == kernel.counters.keys()
+    for name, values in kernel.counters.items():
+        np.testing.assert_array_equal(trie.counters[name], values, err_msg=name)
+    assert trie.metrics == kernel.metrics
+
+
+def check(seed: int) -> int:
+    """Replay one random log every way; returns the splits the kernel made."""
+    rng = np.random.default_rng(seed)
+    workload = random_log(rng)
+    cuts = np.sort(rng.integers(0, workload.n_requests + 1, 3))
+    bounds = [0, *cuts.tolist(), workload.n_requests]
+    chunks = [workload.select(np.arange(a, b)) for a, b in pairwise(bounds)]
+    splits = 0
+    for chunk_size in (0, 1, 3, 8):
+        for overlap in (True, False):
+            config = SglangConfig(
+                chunked_prefill_size=chunk_size,
+                overlap_schedule=overlap,
+                waiting_prefix_refresh=bool(rng.random() < 0.5),
+            )
+            session = sglang_radix.SglangRadixCache(config).session()
+            for fed, expected in zip(
+                [session.feed(c) for c in chunks], by_kernel(config, chunks), strict=True
+            ):
+                assert_same(fed, expected)
+                splits += int(expected.counters["node_splits"].sum())
+            assert session.tree is None and session.unbounded is not None
+            whole = sglang_radix.SglangRadixCache(config).replay(workload)
+            assert_same(whole, by_kernel(config, [workload])[0])
+    return splits
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_trie_replays_sglang_as_its_tree(seed: int) -> None:
+    assert check(seed) > 0  # the logs split the tree
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31))
+def test_trie_replays_sglang_as_its_tree_on_any_log(seed: int) -> None:
+    check(seed)
+
+
+def test_paged_or_bounded_caches_keep_the_tree() -> None:
+    workload = random_log(np.random.default_rng(0))
+    for config in (SglangConfig(page_size=4), SglangConfig(capacity_tokens=40)):
+        session = sglang_radix.SglangRadixCache(config).session()
+        session.feed(workload)
+        assert session.unbounded is None and session.tree is not None
