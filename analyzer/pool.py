@@ -22,6 +22,7 @@ import polars as pl
 from analyzer.settings import ReplaySettings
 from cache_models.result import ReplayResult
 from cache_models.sglang_radix import SglangRadixCache
+from cache_models.unbounded import UnboundedTrie
 from cache_models.vllm_apc import VllmPrefixCache
 from cache_models.workload import Workload
 
@@ -112,24 +113,46 @@ class _WholeLog:
 
 def engine_cache(engine: str, settings: ReplaySettings) -> Cache:
     """A fresh cache of ``engine`` (vllm, sglang, or sglang_page1: SGLang at page size 1)."""
+    return engine_caches((engine,), settings)[engine]
+
+
+def engine_caches(engines: Sequence[str], settings: ReplaySettings) -> dict[str, Cache]:
+    """Fresh caches of ``engines`` for one server (vllm, sglang, sglang_page1: SGLang at page
+    size 1). The unbounded ones that replay tokens by the prefix trie share one
+    (``cache_models.unbounded``): the server's log is walked once for them all."""
+    models = {engine: _model(engine, settings) for engine in engines}
+    if not settings.sequential:
+        return {engine: _WholeLog(model) for engine, model in models.items()}
+    vllm = [m for m in models.values() if isinstance(m, VllmPrefixCache) and m.by_trie]
+    sglang = [m for m in models.values() if isinstance(m, SglangRadixCache) and m.by_trie]
+    trie = None
+    if vllm and sglang:
+        trie = UnboundedTrie(vllm[0].config.block_size, sglang[0].config)
+    return {
+        engine: model.session(trie if model in (*vllm, *sglang[:1]) else None)
+        for engine, model in models.items()
+    }
+
+
+def _model(engine: str, settings: ReplaySettings) -> VllmPrefixCache | SglangRadixCache:
     if engine == "vllm":
-        model: VllmPrefixCache | SglangRadixCache = VllmPrefixCache(settings.vllm())
-    elif engine == "sglang":
-        model = SglangRadixCache(settings.sglang())
-    elif engine == "sglang_page1":
-        model = SglangRadixCache(settings.sglang(page_size=1))
-    else:
-        raise ValueError(f"unknown engine {engine!r}")
-    return model.session() if settings.sequential else _WholeLog(model)
+        return VllmPrefixCache(settings.vllm())
+    if engine == "sglang":
+        return SglangRadixCache(settings.sglang())
+    if engine == "sglang_page1":
+        return SglangRadixCache(settings.sglang(page_size=1))
+    raise ValueError(f"unknown engine {engine!r}")
 
 
-CacheFactory = Callable[[CacheKey, str, "ReplaySettings"], Cache]
-"""Makes the cache of one engine for one key (``engine_cache`` in this process; an executor's
-may hold it elsewhere, e.g. in a Ray actor)."""
+CacheFactory = Callable[[CacheKey, tuple[str, ...], "ReplaySettings"], dict[str, Cache]]
+"""Makes the caches of the engines of one key (``engine_caches`` in this process; an
+executor's may hold them elsewhere, e.g. in a Ray actor)."""
 
 
-def _local_cache(key: CacheKey, engine: str, settings: ReplaySettings) -> Cache:
-    return engine_cache(engine, settings)
+def _local_caches(
+    key: CacheKey, engines: tuple[str, ...], settings: ReplaySettings
+) -> dict[str, Cache]:
+    return engine_caches(engines, settings)
 
 
 class CachePool:
@@ -145,7 +168,7 @@ class CachePool:
         self.settings = settings
         self.engines = tuple(engines)
         self.router = router or ByModel()
-        self.cache_factory = cache_factory or _local_cache
+        self.cache_factory = cache_factory or _local_caches
         self.caches: dict[CacheKey, dict[str, Cache]] = {}
 
     def feed(
@@ -157,7 +180,9 @@ class CachePool:
     ) -> tuple[dict[str, ReplayResult], dict[str, T]]:
         """Each engine's results for the requests of ``workload`` (its order), every key's
         requests on that key's caches; ``alongside`` runs in the same threads (the prefix trie),
-        ``done(tokens)`` after each replay."""
+        ``done(tokens)`` after each replay. The replays start ``alongside`` first, then each
+        engine's keys in turn: of the caches that share a trie (``engine_caches``), the first
+        fed replays it for all, while the threads run the others' work."""
         if workload.n_requests == 0:  # no key to route to: the engines' empty results
             routes = Routes((), np.zeros(0, np.int64))
             empty = {e: engine_cache(e, self.settings).feed(workload) for e in self.engines}
@@ -166,19 +191,19 @@ class CachePool:
         parts = routes.parts()
         jobs: dict[object, Callable[[], object]] = {}
         tokens: dict[object, int] = {}
-        for key, indices in zip(routes.keys, parts, strict=True):
-            part = workload if len(indices) == workload.n_requests else workload.select(indices)
-            if key not in self.caches:
-                self.caches[key] = {
-                    e: self.cache_factory(key, e, self.settings) for e in self.engines
-                }
-            caches = self.caches[key]
-            for engine in self.engines:
-                jobs[(engine, key)] = _bound(caches[engine], part)
-                tokens[(engine, key)] = part.prompt_token_count
         for name, job in (alongside or {}).items():
             jobs[name] = job
             tokens[name] = workload.prompt_token_count
+        keyed_parts = []
+        for key, indices in zip(routes.keys, parts, strict=True):
+            part = workload if len(indices) == workload.n_requests else workload.select(indices)
+            if key not in self.caches:
+                self.caches[key] = self.cache_factory(key, self.engines, self.settings)
+            keyed_parts.append((key, part))
+        for engine in self.engines:
+            for key, part in keyed_parts:
+                jobs[(engine, key)] = _bound(self.caches[key][engine], part)
+                tokens[(engine, key)] = part.prompt_token_count
         results = in_parallel(jobs, None if done is None else lambda name: done(tokens[name]))
         n = workload.n_requests
         keyed = list(zip(routes.keys, parts, strict=True))

@@ -13,10 +13,11 @@ the same stops):
 - r inserts ``max(K - D, 0)`` new tokens (``inserted_tokens``), whatever its prefill chunks;
 - its node splits are those of its walks: each ends at some ``e`` (the match, each prefill
   chunk's checkpoint, the prompt's, the release), cutting the tree at ``min(D, e)``, a split
-  unless a node already ends there; the leaves it adds end at every ``e > D``. The trie keeps
+  unless a node already ends there; an insert's new leaf ends at its ``e > D``. The trie keeps
   SGLang's node ends as one byte per stored token (``_trie_kernel._sglang_splits``);
 - nothing is evicted or rejected (an unbounded pool takes every request).
 
+The trie's walk is ``cache_models.unbounded.UnboundedTrie``'s (one for the server's engines).
 ``tests/test_sglang_unbounded.py`` checks every counter against the kernel, request by request.
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import numpy as np
 
 from cache_models.config import SglangConfig
-from cache_models.prefix_trie import PrefixTrie, SplitCount, View
 from cache_models.workload import Workload
 
 
@@ -34,31 +34,21 @@ def by_trie(config: SglangConfig) -> bool:
     return config.capacity_tokens is None and config.page_size == 1
 
 
-class UnboundedSglang:
-    """An unbounded SGLang cache at page size 1, fed chunks of one log's tokens in order."""
-
-    def __init__(self, config: SglangConfig) -> None:
-        if not by_trie(config):
-            raise ValueError("the trie replays SGLang unbounded at page size 1 only")
-        self.overlap = config.overlap_schedule
-        self.trie = PrefixTrie([View("sglang")], SplitCount(0, config.chunked_prefill_size))
-
-    def feed(self, chunk: Workload) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The chunk's hit tokens and counters (``_sglang_kernel.COUNTERS``' names), as the
-        tree's sequential replay of the log so far gives them."""
-        stops = chunk.sglang_stop_finish & self.overlap  # those that keep every output
-        fed = self.trie.feed_tokens(chunk, stops)
-        assert fed.splits is not None
-        (shared,) = fed.reach
-        prompt = chunk.prompt_lengths
-        limits = chunk.hit_limits
-        limit = np.where(limits >= 0, np.minimum(prompt - 1, limits), prompt - 1)
-        kept = prompt + chunk.output_lengths - 1 + stops  # L + rules.sglang_kv_steps
-        none = np.zeros(chunk.n_requests, np.int64)
-        counters = {
-            "evicted_tokens": none,
-            "inserted_tokens": np.maximum(kept - shared, 0),
-            "node_splits": fed.splits,
-            "rejected": none,
-        }
-        return np.minimum(shared, limit), counters
+def of_reach(
+    chunk: Workload, shared: np.ndarray, splits: np.ndarray, stops: np.ndarray
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The hit tokens and counters (``_sglang_kernel.COUNTERS``' names) of a chunk of tokens
+    from ``D`` (``shared``: its reach in an SGLang view fed ``stops``, the requests that keep
+    every output) and the node splits the trie counted."""
+    prompt = chunk.prompt_lengths
+    limits = chunk.hit_limits
+    limit = np.where(limits >= 0, np.minimum(prompt - 1, limits), prompt - 1)
+    kept = prompt + chunk.output_lengths - 1 + stops  # L + rules.sglang_kv_steps
+    none = np.zeros(chunk.n_requests, np.int64)
+    counters = {
+        "evicted_tokens": none,
+        "inserted_tokens": np.maximum(kept - shared, 0),
+        "node_splits": splits,
+        "rejected": none,
+    }
+    return np.minimum(shared, limit), counters

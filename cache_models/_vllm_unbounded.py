@@ -39,39 +39,48 @@ UNKNOWN = -1  # an unknown token: matches nothing, ends what the trie stores of 
 
 
 class UnboundedVllm:
-    """An unbounded vLLM cache at ``block_size``, fed chunks of one log in order (tokens or
-    runs, not both)."""
+    """An unbounded vLLM cache at ``block_size``, fed chunks of one log's runs in order (a log
+    of tokens goes by ``cache_models.unbounded.UnboundedTrie``)."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.trie = PrefixTrie([View("vllm", block_size)])
 
-    def feed(self, chunk: Workload | RunWorkload) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def feed(self, chunk: RunWorkload) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The chunk's hit tokens and counters (``vllm_apc._counters``' names), as the pool's
         sequential replay of the log so far gives them."""
-        size = self.block_size
-        prompt = chunk.prompt_lengths
-        kept = rules.vllm_peak_tokens(prompt, chunk.output_lengths)
-        if isinstance(chunk, RunWorkload):
-            (present_tokens,) = self.trie.feed(kept_sequences(chunk))
-            skips = chunk.runs.skips_lookup
-        else:
-            (reach,) = self.trie.feed_tokens(chunk).reach
-            present_tokens = np.minimum(reach, kept)
-            skips = chunk.skips_lookup
-        present = present_tokens // size
-        cached = kept // size
-        hit = np.where(skips, 0, np.minimum(present, (prompt - 1) // size))
-        none = np.zeros(chunk.n_requests, np.int64)
-        counters = {
-            "evicted_blocks": none,
-            "inserted_blocks": cached - hit,
-            "duplicate_blocks": present - hit,
-            "preemptions": none,
-            "rehit_tokens": none,
-            "rejected": none,
-        }
-        return hit * size, counters
+        (present_tokens,) = self.trie.feed(kept_sequences(chunk))
+        return of_present(chunk, present_tokens, chunk.runs.skips_lookup, self.block_size)
+
+
+def of_reach(
+    chunk: Workload, reach: np.ndarray, block_size: int
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The hit tokens and counters of a chunk of tokens from its reach in a vLLM view at
+    ``block_size`` (``TrieFeed.reach``): ``D``, capped at what the request keeps."""
+    kept = rules.vllm_peak_tokens(chunk.prompt_lengths, chunk.output_lengths)
+    return of_present(chunk, np.minimum(reach, kept), chunk.skips_lookup, block_size)
+
+
+def of_present(
+    chunk: Workload | RunWorkload, present_tokens: np.ndarray, skips: np.ndarray, size: int
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The hit tokens and counters from ``E`` (``present_tokens // size``; see the module
+    docstring)."""
+    prompt = chunk.prompt_lengths
+    present = present_tokens // size
+    cached = rules.vllm_peak_tokens(prompt, chunk.output_lengths) // size
+    hit = np.where(skips, 0, np.minimum(present, (prompt - 1) // size))
+    none = np.zeros(chunk.n_requests, np.int64)
+    counters = {
+        "evicted_blocks": none,
+        "inserted_blocks": cached - hit,
+        "duplicate_blocks": present - hit,
+        "preemptions": none,
+        "rehit_tokens": none,
+        "rejected": none,
+    }
+    return hit * size, counters
 
 
 def kept_sequences(workload: RunWorkload) -> RunWorkload:

@@ -53,6 +53,11 @@ A request whose own KV at its peak (prompt + decode tokens, whole pages) exceeds
 rejected before it is scheduled: hit 0, nothing cached, ``rejected`` = 1, and it counts in neither
 metric. Unbounded capacity (``capacity_tokens=None``) never evicts.
 
+An unbounded cache at page size 1 replays a sequential log of tokens by the prefix trie instead
+(``_sglang_unbounded``: the tree then holds what every earlier request kept, so the hits, the
+inserted tokens and the node splits follow from one walk), with the tree's results and no tree;
+a session can share its trie with the server's vLLM session (``cache_models.unbounded``).
+
 Sequential replays stream: ``session()`` keeps the tree (its clock, eviction heap, hit counts, node
 ids) and the scheduling pass count between the chunks of a log, whose results are the rows of
 replaying the whole log at once.
@@ -77,10 +82,11 @@ import numpy as np
 
 from cache_models import _sglang_kernel as kernel
 from cache_models._sglang_reference import ReferenceReplay
-from cache_models._sglang_unbounded import UnboundedSglang, by_trie
+from cache_models._sglang_unbounded import by_trie
 from cache_models.config import SglangConfig
 from cache_models.result import ReplayResult
 from cache_models.runs import RunWorkload
+from cache_models.unbounded import UnboundedTrie
 from cache_models.workload import Workload
 
 Implementation = Literal["fast", "reference"]  # the numba kernel or the readable reference
@@ -114,13 +120,24 @@ class SglangRadixCache:
         replay.run(workload)
         return _reference_result(workload, replay)
 
-    def session(self) -> SglangSession:
-        """A sequential replay fed chunk by chunk (only sequential replays stream)."""
+    @property
+    def by_trie(self) -> bool:
+        """Whether a sequential replay of tokens goes by the prefix trie (unbounded, page size
+        1, the fast implementation)."""
+        sequential = self.config.max_in_flight == 1 and self.config.time_model is None
+        return sequential and by_trie(self.config) and self.implementation == "fast"
+
+    def session(self, trie: UnboundedTrie | None = None) -> SglangSession:
+        """A sequential replay fed chunk by chunk (only sequential replays stream). ``trie``: an
+        unbounded cache's trie shared with the server's vLLM session (``cache_models.
+        unbounded``), which then replays this session's chunks of tokens."""
         if self.config.max_in_flight != 1 or self.config.time_model is not None:
             raise ValueError(
                 "only sequential replays stream: a session needs max_in_flight=1 and no time_model"
             )
-        return SglangSession(self.config, self.implementation)
+        if trie is not None and (not self.by_trie or trie.sglang != self.config):
+            raise ValueError("a shared trie serves this SGLang cache, unbounded at page size 1")
+        return SglangSession(self.config, self.implementation, trie)
 
 
 class SglangSession:
@@ -128,12 +145,17 @@ class SglangSession:
     scheduler's pass count): ``feed`` gives each chunk's rows of the whole log's sequential
     replay (metrics of the chunk only, so they add up)."""
 
-    def __init__(self, config: SglangConfig, implementation: Implementation) -> None:
+    def __init__(
+        self,
+        config: SglangConfig,
+        implementation: Implementation,
+        trie: UnboundedTrie | None = None,
+    ) -> None:
         self.config = config
         self.implementation = implementation
         self.reference = ReferenceReplay(config) if implementation == "reference" else None
         self.tree: kernel.Tree | None = None  # the fast path's tree, once fed
-        self.unbounded: UnboundedSglang | None = None  # an unbounded cache of tokens (by_trie)
+        self.trie = trie  # an unbounded cache of tokens (``by_trie``), made at the first feed
         self.fed_runs: bool | None = None  # whether it was fed runs (None: not fed yet)
 
     def feed(self, chunk: Workload | RunWorkload) -> ReplayResult:
@@ -151,8 +173,8 @@ class SglangSession:
             self.reference.run(chunk)
             return _reference_result(chunk, self.reference)
         if not runs and by_trie(self.config):
-            self.unbounded = self.unbounded or UnboundedSglang(self.config)
-            return _result(chunk, *self.unbounded.feed(chunk))
+            self.trie = self.trie or UnboundedTrie(sglang=self.config)
+            return _result(chunk, *self.trie.feed("sglang", chunk))
         out, self.tree = _replay_fast(self.config, chunk, self.tree)
         return _result(chunk, out.pop("hit"), out)
 

@@ -62,7 +62,8 @@ in a session, with the per-request results of replaying ``expand(workload)``; th
 the reference take tokens only (expand first). With an unbounded cache, a sequential replay of
 runs or tokens goes by the prefix trie instead (``_vllm_unbounded``: nothing is evicted, so a
 block is cached exactly when an earlier request kept its prefix), with the pool's hits and
-counters and no pool (on a pre-tokenized log of 23M tokens, 0.27 CPU-s by the pool, 0.15 so).
+counters and no pool; a session of tokens can share its trie with the server's SGLang session
+(``cache_models.unbounded``), so the log is walked once for both.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from cache_models._vllm_unbounded import UnboundedVllm
 from cache_models.config import VllmConfig
 from cache_models.result import ReplayResult
 from cache_models.runs import RunWorkload
+from cache_models.unbounded import UnboundedTrie
 from cache_models.workload import Workload, offsets_of
 
 MIN_SLICE_BLOCKS = 1 << 16  # the fewest peak blocks a slice of a run-length replay may hold
@@ -112,27 +114,40 @@ class VllmPrefixCache:
         if self.implementation == "reference":
             return _reference_result(ReferenceReplay(self.config), workload)
         if _by_trie(self.config):
-            return _unbounded_result(UnboundedVllm(self.config.block_size), workload)
+            trie = UnboundedTrie(block_size=self.config.block_size)
+            return _result(*trie.feed("vllm", workload), self.config.block_size, workload)
         return _replay_fast(self.config, workload, None)[0]
 
-    def session(self) -> VllmSession:
-        """A sequential replay fed chunk by chunk (only sequential replays stream)."""
+    @property
+    def by_trie(self) -> bool:
+        """Whether a replay of tokens goes by the prefix trie (unbounded, sequential, fast)."""
+        return _by_trie(self.config) and self.implementation == "fast"
+
+    def session(self, trie: UnboundedTrie | None = None) -> VllmSession:
+        """A sequential replay fed chunk by chunk (only sequential replays stream). ``trie``: an
+        unbounded cache's trie shared with the server's SGLang session (``cache_models.
+        unbounded``), which then replays this session's chunks of tokens."""
         if self.config.max_in_flight != 1 or self.config.time_model is not None:
             raise ValueError(
                 "only sequential replays stream: a session needs max_in_flight=1 and no time_model"
             )
-        return VllmSession(self.config, self.implementation)
+        if trie is not None and (not self.by_trie or trie.block_size != self.config.block_size):
+            raise ValueError("a shared trie serves an unbounded cache of its block size")
+        return VllmSession(self.config, self.implementation, trie)
 
 
 class VllmSession:
     """The cache's state between chunks of one log: ``feed`` gives each chunk's rows of the
     whole log's sequential replay (metrics of the chunk only, so they add up)."""
 
-    def __init__(self, config: VllmConfig, implementation: Implementation) -> None:
+    def __init__(
+        self, config: VllmConfig, implementation: Implementation, trie: UnboundedTrie | None = None
+    ) -> None:
         self.config = config
         self.reference = ReferenceReplay(config) if implementation == "reference" else None
         self.pool: kernel.Pool | None = None  # the fast path's pool, once fed
-        self.unbounded: UnboundedVllm | None = None  # an unbounded cache (``_by_trie``)
+        self.unbounded: UnboundedVllm | None = None  # an unbounded cache of runs (``_by_trie``)
+        self.trie = trie  # an unbounded cache of tokens (``_by_trie``), made at the first feed
         self.runs: bool | None = None  # whether it is fed run-length chunks (None: not yet fed)
 
     def feed(self, chunk: Workload | RunWorkload) -> ReplayResult:
@@ -151,8 +166,8 @@ class VllmSession:
         if self.reference is not None:
             return _reference_result(self.reference, chunk)
         if _by_trie(self.config):
-            self.unbounded = self.unbounded or UnboundedVllm(self.config.block_size)
-            return _unbounded_result(self.unbounded, chunk)
+            self.trie = self.trie or UnboundedTrie(block_size=self.config.block_size)
+            return _result(*self.trie.feed("vllm", chunk), self.config.block_size, chunk)
         result, self.pool = _replay_fast(self.config, chunk, self.pool, room_ahead=True)
         return result
 
@@ -182,9 +197,9 @@ def _by_trie(config: VllmConfig) -> bool:
     return config.usable_blocks is None and config.max_in_flight == 1 and config.time_model is None
 
 
-def _unbounded_result(cache: UnboundedVllm, workload: Workload | RunWorkload) -> ReplayResult:
-    """An unbounded cache's sequential replay, by the prefix trie (``_vllm_unbounded``: no
-    pool, the pool's hits and counters)."""
+def _unbounded_result(cache: UnboundedVllm, workload: RunWorkload) -> ReplayResult:
+    """An unbounded cache's sequential replay of runs, by the prefix trie (``_vllm_unbounded``:
+    no pool, the pool's hits and counters)."""
     hit_tokens, counters = cache.feed(workload)
     return _result(hit_tokens, counters, cache.block_size, workload)
 

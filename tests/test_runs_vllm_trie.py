@@ -349,7 +349,7 @@ def test_unbounded_vllm_of_tokens_by_the_trie_is_the_pool_replay() -> None:
                 assert np.array_equal(got.hit_tokens, expected)
                 for name, values in got.counters.items():
                     assert np.array_equal(values, by_pool.counters[name][rows]), name
-            assert session.pool is None and session.unbounded is not None
+            assert session.pool is None and session.trie is not None
             duplicates += int(by_pool.counters["duplicate_blocks"].sum())
             lengths = workload.prompt_lengths
             answers_hit += int((by_pool.hit_tokens > np.minimum(lengths, 40) // 2).sum())

@@ -462,8 +462,8 @@ def session_state(session: SglangSession) -> list[object]:
         tree = session.reference.tree
         passes = session.reference.scheduling_passes
         return [passes, tree.clock, tree.node_splits, tree.evictable_size]
-    if session.unbounded is not None:  # unbounded at page size 1: by the prefix trie
-        trie = session.unbounded.trie
+    if session.trie is not None:  # unbounded at page size 1: by the prefix trie
+        trie = session.trie.trie
         return [trie.n_requests, trie.nodes.parent.tolist(), trie.nodes.depth.tolist()]
     k, t = _sglang_kernel, session.tree
     assert t is not None

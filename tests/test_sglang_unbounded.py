@@ -5,7 +5,8 @@ Random token logs built to split the tree everywhere it can split: a tiny alphab
 extend, cut short or branch off earlier requests (or their answers) mid-node, answers known or
 unknown, stops and length finishes (some on ``max_new_tokens``), ``logprob_start_len`` caps, two
 namespaces; prefill chunks of 1 to 8 tokens or none, the overlap scheduler on or off, the
-waiting-prefix refresh on or off; fed whole and in chunks.
+waiting-prefix refresh on or off; fed whole and in chunks. A server's vLLM and SGLang caches
+share that walk (``cache_models.unbounded``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analyzer.pool import engine_cache, engine_caches
+from analyzer.settings import ReplaySettings
 from cache_models import sglang_radix
 from cache_models.config import SglangConfig
 from cache_models.result import ReplayResult
@@ -92,7 +95,7 @@ def check(seed: int) -> int:
             ):
                 assert_same(fed, expected)
                 splits += int(expected.counters["node_splits"].sum())
-            assert session.tree is None and session.unbounded is not None
+            assert session.tree is None and session.trie is not None
             whole = sglang_radix.SglangRadixCache(config).replay(workload)
             assert_same(whole, by_kernel(config, [workload])[0])
     return splits
@@ -114,4 +117,34 @@ def test_paged_or_bounded_caches_keep_the_tree() -> None:
     for config in (SglangConfig(page_size=4), SglangConfig(capacity_tokens=40)):
         session = sglang_radix.SglangRadixCache(config).session()
         session.feed(workload)
-        assert session.unbounded is None and session.tree is not None
+        assert session.trie is None and session.tree is not None
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_one_servers_unbounded_engines_walk_the_log_once(page_size: int) -> None:
+    """A server's unbounded caches share one trie (``analyzer.pool.engine_caches``; at page
+    size 4 SGLang's page-1 twin shares it): fed in step, each gives the results of its own
+    session, and the trie holds each request once."""
+    settings = ReplaySettings(block_size=3, page_size=page_size, chunked_prefill_size=5)
+    engines = ("vllm", "sglang", "sglang_page1") if page_size > 1 else ("vllm", "sglang")
+    shared = engine_caches(engines, settings)
+    alone = {engine: engine_cache(engine, settings) for engine in engines}
+    by_trie = [e for e in engines if e != "sglang" or page_size == 1]
+    tries = {id(shared[e].trie) for e in by_trie}  # type: ignore[attr-defined]
+    assert len(tries) == 1 and all(alone[e].trie is None for e in by_trie)  # type: ignore[attr-defined]
+    workload = random_log(np.random.default_rng(5))
+    for rows in np.array_split(np.arange(workload.n_requests), 3):
+        chunk = workload.select(rows)
+        for engine in reversed(engines):
+            assert_same(shared[engine].feed(chunk), alone[engine].feed(chunk))
+    trie = shared["vllm"].trie  # type: ignore[attr-defined]
+    assert trie.trie.n_requests == workload.n_requests
+
+
+def test_a_shared_trie_is_fed_in_step() -> None:
+    caches = engine_caches(("vllm", "sglang"), ReplaySettings())
+    workload = random_log(np.random.default_rng(6))
+    first, second = workload.select(np.arange(10)), workload.select(np.arange(10, 20))
+    caches["vllm"].feed(first)
+    with pytest.raises(ValueError, match="in step"):
+        caches["vllm"].feed(second)

@@ -425,9 +425,9 @@ def session_state(session: VllmSession) -> list[object]:
         pool = session.reference.kv.pool
         queue = [(block.block_id, block.key) for block in pool.free_queue]
         return [queue, {key: list(copies) for key, copies in pool.cached.items()}]
-    if session.unbounded is not None:  # unbounded: by the prefix trie, no pool
+    if session.trie is not None:  # unbounded: by the prefix trie, no pool
         assert session.pool is None
-        nodes = session.unbounded.trie.nodes
+        nodes = session.trie.trie.nodes
         return [nodes.parent.tolist(), nodes.depth.tolist(), nodes.store.tolist()]
     assert session.pool is not None
     pool = session.pool

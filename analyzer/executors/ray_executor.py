@@ -34,7 +34,7 @@ from analyzer.executors.keyed import KeyedWorkload
 from analyzer.executors.ray_ingest import RayIngest, ShardRefs, failure
 from analyzer.executors.shards import ShardMeta, ShardSpec, ingest_shard
 from analyzer.ingest import ChunkedIngest, IngestOptions
-from analyzer.pool import Cache, CacheFactory, CacheKey, engine_cache
+from analyzer.pool import Cache, CacheFactory, CacheKey, engine_caches
 from analyzer.progress import Progress
 from analyzer.replay import ReplaySettings
 from cache_models.prefix_trie import PrefixTrie, TrieNodes
@@ -69,7 +69,7 @@ class PoolCaches:
     """The caches of one pool key: one per engine, kept between feeds (a Ray actor)."""
 
     def __init__(self, settings: ReplaySettings, engines: Sequence[str]) -> None:
-        self.caches = {engine: engine_cache(engine, settings) for engine in engines}
+        self.caches = engine_caches(engines, settings)
         self.parts = _Parts()
 
     def feed(self, engine: str, shipped: list[Any]) -> ReplayResult:
@@ -303,13 +303,15 @@ class RayExecutor:
         actors: dict[CacheKey, Any] = {}
         shipped: dict[CacheKey, _Shipped] = {}
 
-        def make(key: CacheKey, engine: str, settings: ReplaySettings) -> Cache:
+        def make(
+            key: CacheKey, engines: tuple[str, ...], settings: ReplaySettings
+        ) -> dict[str, Cache]:
             if key not in actors:
                 name = f"{ACTOR_PREFIX}{len(self.actors)}"
-                actors[key] = self._actor.options(name=name).remote(settings, settings.engines)
+                actors[key] = self._actor.options(name=name).remote(settings, engines)
                 self.actors.append((key, actors[key]))
                 shipped[key] = _Shipped()
-            return _RemoteCache(actors[key], engine, key, shipped[key])
+            return {e: _RemoteCache(actors[key], e, key, shipped[key]) for e in engines}
 
         return make
 
