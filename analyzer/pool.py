@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.settings import ReplaySettings
+from cache_models.prefix_trie import View
 from cache_models.result import ReplayResult
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.unbounded import UnboundedTrie
@@ -116,22 +117,50 @@ def engine_cache(engine: str, settings: ReplaySettings) -> Cache:
     return engine_caches((engine,), settings)[engine]
 
 
-def engine_caches(engines: Sequence[str], settings: ReplaySettings) -> dict[str, Cache]:
+def engine_caches(
+    engines: Sequence[str], settings: ReplaySettings, trie: UnboundedTrie | None = None
+) -> dict[str, Cache]:
     """Fresh caches of ``engines`` for one server (vllm, sglang, sglang_page1: SGLang at page
     size 1). The unbounded ones that replay tokens by the prefix trie share one
-    (``cache_models.unbounded``): the server's log is walked once for them all."""
+    (``cache_models.unbounded``; ``trie``, else ``shared_trie``'s): the server's log is walked
+    once for them all."""
     models = {engine: _model(engine, settings) for engine in engines}
     if not settings.sequential:
         return {engine: _WholeLog(model) for engine, model in models.items()}
-    vllm = [m for m in models.values() if isinstance(m, VllmPrefixCache) and m.by_trie]
-    sglang = [m for m in models.values() if isinstance(m, SglangRadixCache) and m.by_trie]
-    trie = None
-    if vllm and sglang:
-        trie = UnboundedTrie(vllm[0].config.block_size, sglang[0].config)
-    return {
-        engine: model.session(trie if model in (*vllm, *sglang[:1]) else None)
-        for engine, model in models.items()
-    }
+    trie = trie or shared_trie(engines, settings)
+    served: set[str] = set()
+    caches: dict[str, Cache] = {}
+    for engine, model in models.items():
+        role = "vllm" if isinstance(model, VllmPrefixCache) else "sglang"
+        shares = trie is not None and model.by_trie and role in trie.engines
+        shares = shares and role not in served  # one SGLang cache per trie
+        if shares:
+            served.add(role)
+        caches[engine] = model.session(trie if shares else None)
+    return caches
+
+
+def shared_trie(
+    engines: Sequence[str], settings: ReplaySettings, ceiling: Sequence[View] = ()
+) -> UnboundedTrie | None:
+    """The prefix trie one server's unbounded caches of tokens can share, and that gives the
+    hits of ``ceiling`` too (``UnboundedTrie``), or None when it would serve one of them alone.
+    Under ``--disable-overlap-schedule`` SGLang keeps one token fewer than the ceiling: then
+    its cache keeps a trie of its own."""
+    if not settings.sequential:
+        return None
+    models = [_model(engine, settings) for engine in engines]
+    vllm = next((m for m in models if isinstance(m, VllmPrefixCache) and m.by_trie), None)
+    sglang = next((m for m in models if isinstance(m, SglangRadixCache) and m.by_trie), None)
+    if sglang is not None and ceiling and not sglang.config.overlap_schedule:
+        sglang = None
+    if (vllm is not None) + (sglang is not None) + bool(ceiling) < 2:
+        return None
+    return UnboundedTrie(
+        None if vllm is None else vllm.config.block_size,
+        None if sglang is None else sglang.config,
+        ceiling,
+    )
 
 
 def _model(engine: str, settings: ReplaySettings) -> VllmPrefixCache | SglangRadixCache:
@@ -170,6 +199,22 @@ class CachePool:
         self.router = router or ByModel()
         self.cache_factory = cache_factory or _local_caches
         self.caches: dict[CacheKey, dict[str, Cache]] = {}
+
+    def trie_with_ceiling(
+        self, workload: Workload, models: np.ndarray | None, views: Sequence[View]
+    ) -> UnboundedTrie | None:
+        """Before the first feed: when every request of ``workload`` goes to one server whose
+        caches are made here, the trie its unbounded caches share, made to give the ceiling's
+        ``views`` in the same walk (``shared_trie``); None otherwise."""
+        if self.caches or self.cache_factory is not _local_caches or workload.n_requests == 0:
+            return None
+        if not isinstance(self.router, ByModel):
+            return None  # a fleet's router keeps state between routings: route once, in feed
+        keys = self.router.route(workload, models).keys
+        trie = shared_trie(self.engines, self.settings, views) if len(keys) == 1 else None
+        if trie is not None:
+            self.caches[keys[0]] = engine_caches(self.engines, self.settings, trie)
+        return trie
 
     def feed(
         self,

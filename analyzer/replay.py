@@ -150,15 +150,22 @@ def replay_all(
     """One workload, in its order, through a fresh pool (each model on its own caches when
     ``models`` labels the requests; ``caches`` makes them, in this process by default) and a
     fresh prefix trie, which also gives the unbounded sequential hits of ``views``
-    (``Replays.views``) in the same pass."""
+    (``Replays.views``) in the same pass; a log of one server's tokens walks that trie once
+    for the ceiling and the unbounded caches (``CachePool.trie_with_ceiling``)."""
     progress = progress or NoProgress()
     pool = CachePool(settings, settings.engines, router, caches)
-    trie = PrefixTrie([View("ideal"), *views])
+    ceiling = [View("ideal"), *views]
+    shared = None
+    if not isinstance(workload, RunWorkload):
+        shared = pool.trie_with_ceiling(workload, models, ceiling)
+    trie = PrefixTrie(ceiling) if shared is None else shared.trie  # one server: one walk
+
+    def feed_ceiling() -> list[np.ndarray]:
+        return trie.feed(workload) if shared is None else shared.feed_ceiling(workload)
+
     tokens = workload.prompt_token_count
     progress.stage("replaying (tokens × caches)", (len(pool.engines) + 1) * tokens)
-    results, fed = pool.feed(
-        workload, models, {"trie": lambda: trie.feed(workload)}, progress.advance
-    )
+    results, fed = pool.feed(workload, models, {"trie": feed_ceiling}, progress.advance)
     ideal, *more = fed["trie"]
     return Replays.of(
         results | {"ideal": ReplayResult("ideal", ideal)},

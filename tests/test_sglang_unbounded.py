@@ -19,10 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.pool import engine_cache, engine_caches
+from analyzer.pool import Cache, CacheKey, engine_cache, engine_caches
+from analyzer.replay import replay_all
 from analyzer.settings import ReplaySettings
 from cache_models import sglang_radix
 from cache_models.config import SglangConfig
+from cache_models.prefix_trie import PrefixTrie, View
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
 
@@ -148,3 +150,38 @@ def test_a_shared_trie_is_fed_in_step() -> None:
     caches["vllm"].feed(first)
     with pytest.raises(ValueError, match="in step"):
         caches["vllm"].feed(second)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_one_servers_log_walks_one_trie_for_its_caches_and_its_ceiling(
+    monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """``replay_all`` of one server's log: the ceiling, its views and the unbounded caches come
+    from one walk (two under ``--disable-overlap-schedule``, where SGLang keeps one token fewer
+    than the ceiling), with the results, views and nodes of a trie each."""
+    walks: list[int] = []
+    feed = PrefixTrie.feed_tokens
+    monkeypatch.setattr(
+        PrefixTrie, "feed_tokens", lambda self, *a: walks.append(1) or feed(self, *a)
+    )
+    settings = ReplaySettings(block_size=2, chunked_prefill_size=4, overlap_schedule=overlap)
+    workload = random_log(np.random.default_rng(8))
+    views = [View("vllm", 4), View("sglang", 3)]
+    one = replay_all(workload, settings, views=views)
+    assert len(walks) == (1 if overlap else 2)
+    walks.clear()
+    apart = replay_all(workload, settings, caches=separate_caches, views=views)
+    assert len(walks) == 3
+    for name, result in one.each().items():
+        assert_same(result, apart.each()[name])
+    for view in views:
+        np.testing.assert_array_equal(one.views[view], apart.views[view])
+    for column in ("parent", "start", "depth", "count", "first_request", "store"):
+        np.testing.assert_array_equal(getattr(one.trie, column), getattr(apart.trie, column))
+
+
+def separate_caches(
+    key: CacheKey, engines: tuple[str, ...], settings: ReplaySettings
+) -> dict[str, Cache]:
+    """Each engine's cache on its own (no shared trie)."""
+    return {engine: engine_cache(engine, settings) for engine in engines}
