@@ -17,6 +17,10 @@ NO_CHILD = -1
 PARENT, START, LENGTH, DEPTH, COUNT, FIRST, SPACE = range(7)
 N_COLUMNS = 7
 N_NODES, N_STORE, N_REQUESTS, N_KEYS = range(4)  # N_KEYS: the child map's keys in use
+# What an engine keeps of a request, the two columns of a token trie's ``best``: vLLM its first
+# L + N - 1 tokens; SGLang (and the ceiling) L + the outputs it inserts (``stop_finish``).
+VLLM_KEPT, SGLANG_KEPT = 0, 1
+N_KINDS = 2
 # Columns of the child map; a slot whose key is EMPTY_KEY is free (keys are never negative).
 KEY, CHILD = 0, 1
 EMPTY_KEY = -1
@@ -140,28 +144,25 @@ def feed_tokens(
     output_offsets,
     namespace,
     stop_finish,
-    view_granularity,
-    view_vllm,
     boundaries,
     hit_limit,
     chunk,
-    split_view,
 ):
-    """Match then insert each request (see the module docstring); ``best[node, view]`` is the most
-    any sequence through the node keeps in that view. Per view, ``hits`` is the match (limited
-    to L - 1) and ``reach`` the same over the whole kept sequence. With ``boundaries`` (one byte
-    per store entry; empty: off) it also counts SGLang's node splits per request, reading ``D``
-    off view ``split_view`` (``_sglang_splits``)."""
+    """Match then insert each request (see the module docstring); ``best[node, kind]`` is the
+    most any sequence through the node keeps (``VLLM_KEPT``, ``SGLANG_KEPT``). Per kind, each
+    request's ``matched`` is its longest ``min(LCP, kept)`` over its prompt's first L - 1 tokens
+    (every view's hit floors it: ``prefix_trie``), and ``reach`` the same over its whole
+    sequence. With ``boundaries`` (one byte per store entry; empty: off) it also counts
+    SGLang's node splits per request (``_sglang_splits``)."""
     n_requests = len(prompt_offsets) - 1
-    n_views = len(view_granularity)
-    hits = np.zeros((n_views, n_requests), np.int64)
-    reach_out = np.zeros((n_views, n_requests), np.int64)
+    matched_out = np.zeros((N_KINDS, n_requests), np.int64)
+    reach_out = np.zeros((N_KINDS, n_requests), np.int64)
     splits = np.zeros(n_requests, np.int64)
     splitting = len(boundaries) > 0
     segments = np.zeros((64, 3), np.int64)  # the request's path: (depth, store start, length)
     cuts = np.zeros(8, np.int64)
-    reach = np.zeros(n_views, np.int64)  # per view: the longest min(LCP, kept) so far
-    kept = np.zeros(n_views, np.int64)  # per view: what the engine keeps of this request
+    reach = np.zeros(N_KINDS, np.int64)  # per kind: the longest min(LCP, kept) so far
+    kept = np.zeros(N_KINDS, np.int64)  # per kind: what the engine keeps of this request
     seq = np.zeros(1024, np.int32)
     path = np.zeros(64, np.int64)  # the nodes the match passed through whole
 
@@ -180,17 +181,15 @@ def feed_tokens(
             if seq[i] < 0:
                 seq_len = i
                 break
-        for v in range(n_views):
-            g = view_granularity[v]
-            n_kept = (o1 - o0 - 1) if view_vllm[v] else n_out
-            kept[v] = min((prompt_len + n_kept) // g * g, seq_len)
+        kept[VLLM_KEPT] = min(prompt_len + o1 - o0 - 1, seq_len)
+        kept[SGLANG_KEPT] = min(prompt_len + n_out, seq_len)
 
         root = find_child(children, 0, namespace[r])
         if root == NO_CHILD:
             root, columns, best = add_node(columns, best, sizes, 0, 0, 0, 0, 0, -1, namespace[r])
             children = set_child(children, sizes, 0, namespace[r], root)
 
-        # 1. match, limited to prompt_len - 1 tokens; per view, the best min(LCP, kept) on the way
+        # 1. match, limited to prompt_len - 1 tokens; per kind, the best min(LCP, kept) on the way
         limit = min(prompt_len - 1, seq_len)
         reach[:] = 0
         node, pos, n_path = root, 0, 0
@@ -203,7 +202,7 @@ def feed_tokens(
             while m < span and pos + m < limit and store[edge + m] == seq[pos + m]:
                 m += 1
             pos += m
-            for v in range(n_views):
+            for v in range(N_KINDS):
                 reach[v] = max(reach[v], min(pos, best[child, v]))
             if m < span:
                 break
@@ -212,9 +211,8 @@ def feed_tokens(
             path[n_path] = child
             n_path += 1
             node = child
-        for v in range(n_views):
-            g = view_granularity[v]
-            hits[v, r] = min(prompt_len - 1, reach[v]) // g * g
+        for v in range(N_KINDS):
+            matched_out[v, r] = reach[v]
 
         # 2. insert prompt + cacheable outputs, splitting at divergences and at the prompt end;
         # the nodes the match passed through whole lie inside the prompt: counted as they are
@@ -228,7 +226,7 @@ def feed_tokens(
             columns[child, COUNT] += 1
             if columns[child, FIRST] < 0:
                 columns[child, FIRST] = request
-            for v in range(n_views):
+            for v in range(N_KINDS):
                 best[child, v] = max(best[child, v], kept[v])
             pos += columns[child, LENGTH]
             node = child
@@ -273,7 +271,7 @@ def feed_tokens(
                 m < span and pos + m < seq_len and store[columns[child, START] + m] == seq[pos + m]
             ):
                 m += 1
-            for v in range(n_views):  # before this request's own kept length is added
+            for v in range(N_KINDS):  # before this request's own kept length is added
                 reach[v] = max(reach[v], min(pos + m, best[child, v]))
             cut = min(m, prompt_len - pos) if pos < prompt_len else m
             if splitting:
@@ -283,7 +281,7 @@ def feed_tokens(
             if cut < span:
                 if pos + cut == seq_len and pos + cut != prompt_len:
                     # the sequence ends inside an output node: nothing to add but what it keeps
-                    for v in range(n_views):
+                    for v in range(N_KINDS):
                         best[child, v] = max(best[child, v], kept[v])
                     break
                 # split child at cut: mid takes the first cut tokens
@@ -310,11 +308,11 @@ def feed_tokens(
                 columns[child, COUNT] += 1
                 if columns[child, FIRST] < 0:
                     columns[child, FIRST] = request
-            for v in range(n_views):
+            for v in range(N_KINDS):
                 best[child, v] = max(best[child, v], kept[v])
             pos += cut
             node = child
-        for v in range(n_views):
+        for v in range(N_KINDS):
             reach_out[v, r] = reach[v]
         if splitting:
             limit = prompt_len - 1 if hit_limit[r] < 0 else min(prompt_len - 1, hit_limit[r])
@@ -323,7 +321,7 @@ def feed_tokens(
                 segments,
                 n_segments,
                 cuts,
-                reach[split_view],
+                reach[SGLANG_KEPT],
                 seq_len,
                 prompt_len,
                 prompt_len + n_out,
@@ -331,7 +329,7 @@ def feed_tokens(
                 chunk,
             )
     sizes[N_REQUESTS] += n_requests
-    return hits, reach_out, splits, columns, best, store, children, boundaries
+    return matched_out, reach_out, splits, columns, best, store, children, boundaries
 
 
 @njit(cache=True, inline="always")

@@ -16,7 +16,11 @@ hit is ``g * floor(min(L - 1, D) / g)`` for granularity ``g``, where ``D`` is th
 what the engine keeps of ``s``: vLLM ``floor((L' + n' - 1) / B) * B`` tokens (all outputs but the
 last), SGLang ``floor((L' + k) / P) * P`` with ``k`` the outputs it inserts (all on a stop, all but
 the last on a length finish). Each node keeps, per view, the most any sequence through it keeps,
-so ``D`` is read off the nodes the prompt passes, with memory per node, not per token.
+so ``D`` is read off the nodes the prompt passes, with memory per node, not per token. A trie of
+tokens keeps it per kind of what is kept instead (vLLM's ``L' + n' - 1``, SGLang's ``L' + k``,
+unfloored) and floors each view's hit after the walk: ``floor_g`` is monotone, so flooring every
+``cached(s)`` first or the match last gives the same hit, and the walk costs the same for any
+number of views.
 
 A log can be fed chunk by chunk (``PrefixTrie.feed``): the trie, its views and the request count
 carry over, so the hits and the final nodes are those of one pass over the whole log.
@@ -37,9 +41,12 @@ import numpy as np
 
 from cache_models._trie_kernel import (
     N_COLUMNS,
+    N_KINDS,
     N_NODES,
     N_REQUESTS,
     N_STORE,
+    SGLANG_KEPT,
+    VLLM_KEPT,
     feed_tokens,
     new_child_map,
 )
@@ -133,10 +140,8 @@ class View:
 @dataclass(frozen=True)
 class SplitCount:
     """Count the node splits of SGLang's unbounded radix tree at page size 1 (``_trie_kernel.
-    _sglang_splits``), reading ``D`` off view ``view`` (an SGLang view at granularity 1), with
-    prefill chunks of ``chunk`` tokens (0: none)."""
+    _sglang_splits``), with prefill chunks of ``chunk`` tokens (0: none)."""
 
-    view: int
     chunk: int = 0
 
 
@@ -144,8 +149,8 @@ class SplitCount:
 class TrieFeed:
     """A token feed's per-request results, one array per view: ``hits`` (the match, limited to
     L - 1), ``reach`` (the longest ``min(LCP, kept)`` over the whole kept sequence, not only the
-    prompt: what vLLM finds cached of its blocks, and SGLang's ``D``), and SGLang's node
-    ``splits`` (None unless counted)."""
+    prompt, before flooring to the view's granularity: what vLLM finds cached of its blocks,
+    and SGLang's ``D``), and SGLang's node ``splits`` (None unless counted)."""
 
     hits: list[np.ndarray]
     reach: list[np.ndarray]
@@ -171,6 +176,8 @@ class PrefixTrie:
         self._children = new_child_map(1 << 12)
         self._columns = np.zeros((1024, N_COLUMNS), np.int64)
         # per node and view: the most a sequence through it keeps (tokens of one request: int32)
+        # per node: the most a sequence through it keeps (tokens of one request: int32), per
+        # kind of what an engine keeps (tokens; ``_trie_kernel.N_KINDS``) or per view (runs)
         self._best = np.zeros((1024, len(self.views)), np.int32)
         self._store = np.zeros(1 << 16, np.int32)
         self._store_weights = np.zeros(0, np.int32)  # a trie fed runs: tokens per store entry
@@ -205,11 +212,13 @@ class PrefixTrie:
         (default ``Workload.sglang_stop_finish``: the overlap scheduler's)."""
         if self._first_tokens is not None:
             raise ValueError("a trie is fed tokens or runs, not both")
+        if self.n_requests == 0:
+            self._best = np.zeros((len(self._best), N_KINDS), np.int32)
         tokens = int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1])
         self._store = _with_room(self._store, int(self._sizes[N_STORE]) + tokens)
         if self.splits is not None:
             self._boundaries = _with_room(self._boundaries, len(self._store), zeroed=True)
-        hits, reach, splits, *state = feed_tokens(
+        matched, reach, splits, *state = feed_tokens(
             self._columns,
             self._best,
             self._store,
@@ -217,16 +226,20 @@ class PrefixTrie:
             self._sizes,
             *chunk.kernel_inputs()[:5],
             chunk.sglang_stop_finish if stop_finish is None else stop_finish,
-            self._granularity,
-            self._vllm,
             self._boundaries,
             chunk.hit_limits if self.splits is not None else np.zeros(0, np.int64),
             0 if self.splits is None else self.splits.chunk,
-            0 if self.splits is None else self.splits.view,
         )
         self._columns, self._best, self._store, self._children, self._boundaries = state
         self._nodes = None
-        return TrieFeed(list(hits), list(reach), None if self.splits is None else splits)
+        limit = chunk.prompt_lengths - 1
+        kinds = [VLLM_KEPT if view.engine == "vllm" else SGLANG_KEPT for view in self.views]
+        hits = [
+            np.minimum(limit, matched[kind]) // view.granularity * view.granularity
+            for view, kind in zip(self.views, kinds, strict=True)
+        ]
+        splits_found = None if self.splits is None else splits
+        return TrieFeed(hits, [reach[kind] for kind in kinds], splits_found)
 
     def _feed_runs(self, chunk: RunWorkload) -> list[np.ndarray]:
         runs = chunk.runs

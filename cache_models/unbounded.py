@@ -49,7 +49,7 @@ class UnboundedTrie:
         views = [View("vllm", block_size)] if block_size is not None else []
         splits = None
         if sglang is not None:
-            splits = SplitCount(len(views), sglang.chunked_prefill_size)
+            splits = SplitCount(sglang.chunked_prefill_size)
             views.append(View("sglang"))
         self.engines = tuple(v.engine for v in views) + (("ceiling",) if ceiling else ())
         if len(views) + len(ceiling) == 0:
