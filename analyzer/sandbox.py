@@ -4,7 +4,7 @@ reason instead of hanging the run or filling memory.
 
 - Time: each render has RENDER_SECONDS. Every attribute, item, call, filter, operator, ``~`` and
   ``range`` step checks the deadline; on the main thread a timer signal also interrupts loops
-  that touch none of them.
+  that touch none of them (armed for each render, or once for a run of them: ``render_watch``).
 - Size: the rendered text, and every string or list an operator, ``~``, a filter or a method call
   makes, is at most MAX_TEMPLATE_CHARS; an integer argument above that (``center(10**9)``) and
   an exponent that makes a huge number are refused before they run.
@@ -28,6 +28,7 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_SECONDS = 2.0  # real chat templates render a request in milliseconds
+WATCH_SECONDS = 0.25  # ``render_watch``'s tick: a render is stopped by RENDER_SECONDS + this
 MAX_TEMPLATE_CHARS = 32 << 20  # 32M characters, about 8M tokens: over any model's context
 MAX_POWER_BITS = 4096  # ``a ** b`` with a result of more bits is refused
 
@@ -193,12 +194,37 @@ def render_bounded(template: jinja2.Template, variables: dict[str, Any]) -> str:
 
 
 class _Alarm:
-    active = False
+    active = False  # a render runs under the timer
+    watching = False  # a ``render_watch`` keeps the timer ticking
 
 
 def _on_alarm(signum: int, frame: object) -> None:
-    if _Alarm.active:
+    if _Alarm.active and (not _Alarm.watching or _past_deadline()):
         raise TemplateLimit(f"chat template ran over {RENDER_SECONDS:g} s")
+
+
+def _past_deadline() -> bool:
+    at = _DEADLINE.at
+    return at is not None and time.monotonic() > at
+
+
+@contextlib.contextmanager
+def render_watch() -> Iterator[None]:
+    """The renders inside share one timer signal (main thread): it ticks every WATCH_SECONDS
+    and stops a render past its deadline, instead of a handler and a timer set and reset
+    around each render (four system calls a request: a tenth of a chat log's reading)."""
+    if threading.current_thread() is not threading.main_thread() or _Alarm.watching:
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    _Alarm.watching = True
+    signal.setitimer(signal.ITIMER_REAL, WATCH_SECONDS, WATCH_SECONDS)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _Alarm.watching = False
+        signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager
@@ -206,6 +232,13 @@ def _alarm() -> Iterator[None]:
     """A timer signal on the main thread (another thread has only the hooks' checks)."""
     if threading.current_thread() is not threading.main_thread():
         yield
+        return
+    if _Alarm.watching:  # the watch's timer ticks already
+        _Alarm.active = True
+        try:
+            yield
+        finally:
+            _Alarm.active = False
         return
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     _Alarm.active = True

@@ -164,12 +164,12 @@ class TiktokenTokenizer:
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
         if self.normalize_nfc:
             texts = [unicodedata.normalize("NFC", text) for text in texts]
-        ids = encode_segmented(self._encoding, texts)
+        rows = encode_segmented(self._encoding, texts)
         bos = self.token_id(self.special.bos_token) if self.special.bos_token else None
-        prefix = (
-            [bos] if add_special_tokens and self.special.add_bos_token and bos is not None else []
-        )
-        return [np.asarray(prefix + row, dtype=np.int32) for row in ids]
+        if add_special_tokens and self.special.add_bos_token and bos is not None:
+            prefix = np.array([bos], np.int32)
+            rows = [np.concatenate([prefix, row]) for row in rows]
+        return rows
 
     def decode(self, ids: np.ndarray) -> str:
         if self.ranks_file is None or "_encoding" in vars(self):

@@ -58,34 +58,36 @@ class FastEncoding:
             texts = [unicodedata.normalize("NFC", text) for text in texts]
         rows = encode_segmented(self.encoding, texts)
         if add_special_tokens and (self.prefix or self.suffix):
-            rows = [self.prefix + row + self.suffix for row in rows]
-        return [np.asarray(row, dtype=np.int32) for row in rows]
+            prefix, suffix = np.array(self.prefix, np.int32), np.array(self.suffix, np.int32)
+            rows = [np.concatenate([prefix, row, suffix]) for row in rows]
+        return rows
 
 
-def encode_segmented(encoding: Any, texts: list[str]) -> list[list[int]]:
-    """``encoding.encode`` of every text (special tokens allowed), each distinct run of text
-    between special tokens encoded once for the whole batch: tiktoken itself cuts a text at its
-    special tokens and encodes each run apart (``CoreBPE::encode_native``), so the ids are the
-    same, and chat prompts repeat their system prompt and earlier turns run for run. Cut as
-    tiktoken cuts only when no special token is a prefix of another (then the leftmost match is
-    the only one); otherwise each text is encoded whole."""
+def encode_segmented(encoding: Any, texts: list[str]) -> list[np.ndarray]:
+    """``encoding.encode`` of every text (special tokens allowed), as int32 arrays, each
+    distinct run of text between special tokens encoded once for the whole batch: tiktoken
+    itself cuts a text at its special tokens and encodes each run apart
+    (``CoreBPE::encode_native``), so the ids are the same, and chat prompts repeat their system
+    prompt and earlier turns run for run. Cut as tiktoken cuts only when no special token is a
+    prefix of another (then the leftmost match is the only one); otherwise each text is encoded
+    whole. A text's ids are its runs' arrays joined, not a list of Python ints."""
     splitter = _special_splitter(encoding)
     if splitter is None:
-        return encode_sharded(encoding, texts)
+        return [np.array(row, np.int32) for row in encode_sharded(encoding, texts)]
     pieces = [splitter.split(text) for text in texts]  # runs at even places, specials at odd
     runs: dict[str, int] = {}
     for parts in pieces:
         for run in parts[::2]:
             runs.setdefault(run, len(runs))
-    encoded = encode_sharded(encoding, list(runs))
+    encoded = [np.array(row, np.int32) for row in encode_sharded(encoding, list(runs))]
     single = encoding.encode_single_token
-    specials = {token: [single(token)] for token in encoding.special_tokens_set}
+    specials = {token: np.array([single(token)], np.int32) for token in encoding.special_tokens_set}
     return [
-        list(
-            itertools.chain.from_iterable(
+        np.concatenate(
+            [
                 specials[part] if place % 2 else encoded[runs[part]]
                 for place, part in enumerate(parts)
-            )
+            ]
         )
         for parts in pieces
     ]

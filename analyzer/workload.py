@@ -15,6 +15,7 @@ from analyzer.loaders.guard import check_unicode, unexpected
 from analyzer.loaders.hash_trace import expanded
 from analyzer.progress import NoProgress, Progress
 from analyzer.records import HashLines, Record, TokenLines
+from analyzer.sandbox import render_watch
 from analyzer.token_cache import CacheStats, cached_ids, encode_texts, store_ids
 from analyzer.tokenizer import Tokenizer
 from cache_models.hash_runs import HashTrace
@@ -98,39 +99,40 @@ def build_workload(
     )
     from_cache: dict[int, np.ndarray] = {}  # kept index: its prompt's ids, not rendered
     rendered_keys: list[tuple[int, bytes]] = []  # kept index: its request key, to store
-    for record, request_key in zip(records, request_keys, strict=True):
-        if request_key is not None and request_key in known:
-            from_cache[len(kept)] = known[request_key]
-            kept.append(record)
-            continue
-        try:  # the one place where a request's rendering errors become its skip
-            text, add_special = _prompt_text(record, renderer)
+    with render_watch():  # one timer for the chunk's renders
+        for record, request_key in zip(records, request_keys, strict=True):
+            if request_key is not None and request_key in known:
+                from_cache[len(kept)] = known[request_key]
+                kept.append(record)
+                continue
+            try:  # the one place where a request's rendering errors become its skip
+                text, add_special = _prompt_text(record, renderer)
+                if text is not None:
+                    check_unicode("rendered prompt", text)
+                if record.output_message is not None and text is not None:
+                    record.output_text = _answer_text(record, text, renderer)
+                    if record.output_text is not None:
+                        check_unicode("answer text", record.output_text)
+            except BadLine as exc:
+                skip = Skip(record.file, record.line, exc.reason)
+            except PrefixcheckError:
+                raise
+            except Exception as exc:
+                skip = Skip(record.file, record.line, unexpected(exc))
+            else:
+                skip = None
+            if skip is not None:
+                if strict:
+                    raise StrictModeError(skip) from None
+                skips.append(skip)
+                continue
             if text is not None:
-                check_unicode("rendered prompt", text)
-            if record.output_message is not None and text is not None:
-                record.output_text = _answer_text(record, text, renderer)
-                if record.output_text is not None:
-                    check_unicode("answer text", record.output_text)
-        except BadLine as exc:
-            skip = Skip(record.file, record.line, exc.reason)
-        except PrefixcheckError:
-            raise
-        except Exception as exc:
-            skip = Skip(record.file, record.line, unexpected(exc))
-        else:
-            skip = None
-        if skip is not None:
-            if strict:
-                raise StrictModeError(skip) from None
-            skips.append(skip)
-            continue
-        if text is not None:
-            if request_key is not None:
-                rendered_keys.append((len(kept), request_key))
-            text_index.append(len(kept))
-            texts.append(text)
-            specials.append(add_special)
-        kept.append(record)
+                if request_key is not None:
+                    rendered_keys.append((len(kept), request_key))
+                text_index.append(len(kept))
+                texts.append(text)
+                specials.append(add_special)
+            kept.append(record)
 
     prompts: list[np.ndarray | None] = [
         None if r.prompt_token_ids is None else np.asarray(r.prompt_token_ids, np.int32)

@@ -4,12 +4,14 @@ a reason, quickly, instead of hanging the run or filling memory."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
 
 from analyzer.chat import ChatRenderer, chat_renderer
 from analyzer.errors import BadLine, PrefixcheckError
+from analyzer.sandbox import render_watch
 from analyzer.tokenizer import SpecialTokens
 
 SPECIAL = SpecialTokens(eos_token="<|im_end|>")
@@ -71,6 +73,30 @@ def test_hostile_template_fails_its_request_within_bounds(source: str) -> None:
     with pytest.raises(BadLine, match="chat template failed"):
         renderer.render(MESSAGES)
     assert time.monotonic() - start < 10  # RENDER_SECONDS is 2; slack for a loaded CI machine
+
+
+@pytest.mark.parametrize("hooks", [True, False], ids=["hooks", "timer-only"])
+def test_hostile_templates_fail_their_requests_under_one_watch(
+    monkeypatch: pytest.MonkeyPatch, hooks: bool
+) -> None:
+    """Inside ``render_watch`` (a chunk's renders) one ticking timer bounds every render, with
+    the hooks' checks or without them (a loop that touches none): each blow-up fails its own
+    request, an ordinary render between them still renders, and the timer and the handler are
+    put back after."""
+    if not hooks:
+        monkeypatch.setattr("analyzer.sandbox._check_time", lambda: None)
+    before = signal.getsignal(signal.SIGALRM)
+    ordinary = ChatRenderer("{{ messages[0]['content'] }}", SPECIAL)
+    with render_watch():
+        for source in BLOW_UPS[:3]:
+            start = time.monotonic()
+            with pytest.raises(BadLine, match="chat template failed"):
+                ChatRenderer(source, SPECIAL).render(MESSAGES)
+            assert time.monotonic() - start < 10
+            assert ordinary.render(MESSAGES) == "hello"
+        assert signal.getitimer(signal.ITIMER_REAL)[1] > 0  # ticking
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is before
 
 
 @pytest.mark.parametrize(
