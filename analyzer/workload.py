@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -228,25 +229,14 @@ def build_lines_workload(
         name: [value for piece in pieces for value in getattr(piece, name)]
         for name in ("model", "cache_salt", "lora", "finish_reason")
     }
-    ids = chunk_state.namespace_ids
-    chunk_state.models.update(model or "" for model in column["model"])
-    namespace = np.array(
-        [
-            ids.setdefault((model or "", salt or "", lora or "", ""), len(ids))
-            for model, salt, lora in zip(
-                column["model"], column["cache_salt"], column["lora"], strict=True
-            )
-        ],
-        np.int32,
-    )
     n = len(known)
     workload = Workload(
         prompt_tokens=prompts,
         prompt_offsets=offsets_of(prompt_lengths),
         output_tokens=outputs,
         output_offsets=offsets_of(output_lengths),
-        namespace=namespace,
-        stop_finish=np.array([_is_stop(f) for f in column["finish_reason"]], bool),
+        namespace=_line_namespaces(column, chunk_state),
+        stop_finish=_per_value(column["finish_reason"], _is_stop, bool),
     )
     nulls = [None] * n
     requests = _frame(
@@ -260,7 +250,7 @@ def build_lines_workload(
         },
         workload.prompt_lengths,
         workload.output_lengths,
-        known.tolist(),
+        known,
         {path: nulls for path in routing_fields},
     )
     return TokenizedLog(
@@ -271,6 +261,29 @@ def build_lines_workload(
         from_text=False,
         assumed_stop_finish=column["finish_reason"].count(None),
     )
+
+
+def _line_namespaces(column: dict[str, list], chunk_state: ChunkState) -> np.ndarray:
+    """``_namespaces`` of lines read as columns (no extra key): one id per distinct (model,
+    cache_salt, LoRA)."""
+    ids = chunk_state.namespace_ids
+    keys = list(zip(column["model"], column["cache_salt"], column["lora"], strict=True))
+
+    def namespace(key: tuple[str | None, ...]) -> int:
+        model, salt, lora = key
+        chunk_state.models.add(model or "")
+        return ids.setdefault((model or "", salt or "", lora or "", ""), len(ids))
+
+    return _per_value(keys, namespace, np.int32)
+
+
+def _per_value(values: list, of: Callable[[Any], Any], dtype: type) -> np.ndarray:
+    """``of(value)`` of each value, computed once per distinct value (a log repeats its few
+    models, salts and finish reasons), in their order of first appearance."""
+    if values and values.count(values[0]) == len(values):  # one value, the common case
+        return np.full(len(values), of(values[0]), dtype)
+    seen: dict[Any, Any] = {}
+    return np.array([seen[v] if v in seen else seen.setdefault(v, of(v)) for v in values], dtype)
 
 
 def _joined_ids(parts: list[np.ndarray]) -> np.ndarray:
@@ -384,10 +397,10 @@ def _as_lines(records: Sequence[Record]) -> HashLines:
 
 def _where_read(pieces: Sequence[TokenLines | HashLines]) -> dict[str, Sequence]:
     """The request frame's ``file`` and ``line`` columns of lines read as columns."""
-    return {
-        "file": [piece.file for piece in pieces for _ in range(len(piece))],
-        "line": _flat([piece.lines for piece in pieces]),
-    }
+    files: list[str] = []
+    for piece in pieces:
+        files += [piece.file] * len(piece)
+    return {"file": files, "line": _flat([piece.lines for piece in pieces])}
 
 
 def _flat(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -440,7 +453,7 @@ def _frame(
     columns: dict[str, Sequence],
     prompt_tokens: np.ndarray,
     output_tokens: np.ndarray,
-    output_known: Sequence[bool],
+    output_known: Sequence[bool] | np.ndarray,
     routing: dict[str, Sequence[str | None]],
 ) -> pl.DataFrame:
     """The requests frame of the records' ``RECORD_COLUMNS``, their lengths and ``routing``
@@ -450,7 +463,7 @@ def _frame(
         | {
             "prompt_tokens": prompt_tokens,
             "output_tokens": output_tokens,
-            "output_known": list(output_known),
+            "output_known": np.asarray(output_known, bool),
         }
         | {
             routing_column(path): pl.Series(values, dtype=pl.String)
