@@ -28,7 +28,8 @@ Each workload is also run with ``--no-diagnosis``: the difference is printed as 
 share of the full run's CPU-s, beside its target (a third at most).
 
 Every run is a fresh process (numba kernels come from their on-disk cache after the warm-up run,
-which is not counted); the CPU time is the OS's accounting of that process and its children.
+which is not counted, and modules from their bytecode: ``PYTHONDONTWRITEBYTECODE`` is dropped);
+the CPU time is the OS's accounting of that process and its children.
 """
 
 from __future__ import annotations
@@ -92,7 +93,11 @@ def run_once(command: list[str], env: dict[str, str]) -> tuple[float, float, flo
 
 def measure(command: list[str], read: callable, repeats: int, env: dict | None = None) -> Measured:
     environment = {**os.environ, **(env or {})}
-    run_once(command, environment)  # warm-up: kernels compiled or loaded from their cache
+    # an installed package's modules are imported from bytecode: with PYTHONDONTWRITEBYTECODE
+    # set (as in some sandboxes) an editable checkout would compile every changed module on
+    # every run, a tenth of a second of each figure
+    environment.pop("PYTHONDONTWRITEBYTECODE", None)
+    run_once(command, environment)  # warm-up: kernels compiled or loaded, bytecode written
     best = None
     peak = 0.0
     for _ in range(repeats):
