@@ -4,9 +4,9 @@ gives, request for request, every hit and counter of the radix tree kernel's rep
 Random token logs built to split the tree everywhere it can split: a tiny alphabet, prompts that
 extend, cut short or branch off earlier requests (or their answers) mid-node, answers known or
 unknown, stops and length finishes (some on ``max_new_tokens``), ``logprob_start_len`` caps, two
-namespaces; prefill chunks of 1 to 8 tokens or none, the overlap scheduler on or off, the
-waiting-prefix refresh on or off; fed whole and in chunks. A server's vLLM and SGLang caches
-share that walk (``cache_models.unbounded``).
+namespaces, priorities, every eviction policy (none evicts); prefill chunks of 1 to 8 tokens or
+none, the overlap scheduler on or off, the waiting-prefix refresh on or off; fed whole and in
+chunks. A server's vLLM and SGLang caches share that walk (``cache_models.unbounded``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from analyzer.pool import Cache, CacheKey, engine_cache, engine_caches
 from analyzer.replay import replay_all
 from analyzer.settings import ReplaySettings
 from cache_models import sglang_radix
-from cache_models.config import SglangConfig
+from cache_models.config import SGLANG_EVICTION_POLICIES, SglangConfig
 from cache_models.prefix_trie import PrefixTrie, View
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
+from tests.test_sglang_radix import policy_params
 
 
 def random_log(rng: np.random.Generator, n: int = 60) -> Workload:
@@ -56,7 +57,10 @@ def random_log(rng: np.random.Generator, n: int = 60) -> Workload:
     caps = np.where(rng.random(n) < 0.2, rng.integers(0, lengths + 1), -1)
     answered = workload.output_lengths
     limits = np.where(rng.random(n) < 0.3, answered, -1)
-    return replace(workload, hit_limit=caps.astype(np.int64), max_new_tokens=limits)
+    priority = rng.integers(-3, 4, n).astype(np.int64)
+    return replace(
+        workload, hit_limit=caps.astype(np.int64), max_new_tokens=limits, priority=priority
+    )
 
 
 def by_kernel(config: SglangConfig, chunks: list[Workload]) -> list[ReplayResult]:
@@ -86,10 +90,13 @@ def check(seed: int) -> int:
     splits = 0
     for chunk_size in (0, 1, 3, 8):
         for overlap in (True, False):
+            policy = str(rng.choice(SGLANG_EVICTION_POLICIES))  # unbounded: none evicts
             config = SglangConfig(
                 chunked_prefill_size=chunk_size,
                 overlap_schedule=overlap,
                 waiting_prefix_refresh=bool(rng.random() < 0.5),
+                eviction_policy=policy,  # type: ignore[arg-type]
+                **policy_params(policy),
             )
             session = sglang_radix.SglangRadixCache(config).session()
             for fed, expected in zip(
