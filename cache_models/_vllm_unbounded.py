@@ -17,9 +17,9 @@ long as the first. So r finds ``E`` leading blocks cached, ``E = floor(min(K, D)
   those already cached are ``duplicate_blocks = E - hit``;
 - nothing is evicted, preempted or rejected (an unbounded pool takes every request).
 
-``D`` is a prefix trie's reach in a vLLM view at granularity ``B`` (``TrieFeed.reach``: the
-longest ``min(LCP, kept)`` over the request's whole sequence, each node keeping the most an
-earlier request through it keeps, floored to whole blocks), capped at ``K``. A run-length
+``D`` is a prefix trie's reach in a vLLM view (``TrieFeed.reach``: the longest
+``min(LCP, K')`` over the request's whole sequence, each node keeping the most an earlier
+request through it keeps), capped at ``K``; ``E`` floors it to whole blocks. A run-length
 workload is fed as sequences of what vLLM keeps (``kept_sequences``): each request a "prompt"
 of its ``K`` tokens and one unknown token (so the trie's match limit, the prompt less one token,
 is the ``K`` tokens), with one unknown output; the trie then keeps, of each request, its ``K``
