@@ -214,6 +214,11 @@ class PrefixTrie:
             raise ValueError("a trie is fed tokens or runs, not both")
         if self.n_requests == 0:
             self._best = np.zeros((len(self._best), N_KINDS), np.int32)
+        # a request adds at most five nodes (a namespace root, two splits, two leaves): room
+        # for them all, zeroed lazily by numpy, so the kernel never copies the nodes to grow
+        rows = int(self._sizes[N_NODES]) + 5 * chunk.n_requests
+        self._columns = _with_rows(self._columns, rows)
+        self._best = _with_rows(self._best, rows)
         tokens = int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1])
         self._store = _with_room(self._store, int(self._sizes[N_STORE]) + tokens)
         if self.splits is not None:
@@ -322,6 +327,15 @@ def _sglang_stop_finish(workload: RunWorkload) -> np.ndarray:
         return stops
     given = runs.max_new_tokens_given
     return stops & ~((given >= 0) & (workload.output_lengths >= given))
+
+
+def _with_rows(array: np.ndarray, needed: int) -> np.ndarray:
+    """``array`` with at least ``needed`` rows, the new ones zero (``_with_room``'s reasons)."""
+    if needed <= len(array):
+        return array
+    bigger = np.zeros((max(needed, 2 * len(array)), array.shape[1]), array.dtype)
+    bigger[: len(array)] = array
+    return bigger
 
 
 def _with_room(store: np.ndarray, needed: int, zeroed: bool = False) -> np.ndarray:
