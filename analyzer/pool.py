@@ -127,7 +127,7 @@ def engine_caches(
     models = {engine: _model(engine, settings) for engine in engines}
     if not settings.sequential:
         return {engine: _WholeLog(model) for engine, model in models.items()}
-    trie = trie or shared_trie(engines, settings)
+    trie = trie or _trie_shared_by(list(models.values()))
     served: set[str] = set()
     caches: dict[str, Cache] = {}
     for engine, model in models.items():
@@ -149,7 +149,13 @@ def shared_trie(
     its cache keeps a trie of its own."""
     if not settings.sequential:
         return None
-    models = [_model(engine, settings) for engine in engines]
+    return _trie_shared_by([_model(engine, settings) for engine in engines], ceiling)
+
+
+def _trie_shared_by(
+    models: list[VllmPrefixCache | SglangRadixCache], ceiling: Sequence[View] = ()
+) -> UnboundedTrie | None:
+    """``shared_trie`` of sequential ``models``."""
     vllm = next((m for m in models if isinstance(m, VllmPrefixCache) and m.by_trie), None)
     sglang = next((m for m in models if isinstance(m, SglangRadixCache) and m.by_trie), None)
     if sglang is not None and ceiling and not sglang.config.overlap_schedule:

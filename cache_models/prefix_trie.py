@@ -217,8 +217,8 @@ class PrefixTrie:
         # a request adds at most five nodes (a namespace root, two splits, two leaves): room
         # for them all, zeroed lazily by numpy, so the kernel never copies the nodes to grow
         rows = int(self._sizes[N_NODES]) + 5 * chunk.n_requests
-        self._columns = _with_rows(self._columns, rows)
-        self._best = _with_rows(self._best, rows)
+        self._columns = _with_room(self._columns, rows, zeroed=True)
+        self._best = _with_room(self._best, rows, zeroed=True)
         tokens = int(chunk.prompt_offsets[-1] + chunk.output_offsets[-1])
         self._store = _with_room(self._store, int(self._sizes[N_STORE]) + tokens)
         if self.splits is not None:
@@ -329,22 +329,13 @@ def _sglang_stop_finish(workload: RunWorkload) -> np.ndarray:
     return stops & ~((given >= 0) & (workload.output_lengths >= given))
 
 
-def _with_rows(array: np.ndarray, needed: int) -> np.ndarray:
-    """``array`` with at least ``needed`` rows, the new ones zero (``_with_room``'s reasons)."""
-    if needed <= len(array):
-        return array
-    bigger = np.zeros((max(needed, 2 * len(array)), array.shape[1]), array.dtype)
-    bigger[: len(array)] = array
-    return bigger
-
-
 def _with_room(store: np.ndarray, needed: int, zeroed: bool = False) -> np.ndarray:
-    """``store`` with room for ``needed`` tokens, grown here rather than in the kernel: numpy
-    asks for huge pages (numba's runtime does not), and room it never writes stays unmapped, so
-    the bound (every token of the chunk) costs no memory the store does not use."""
+    """``store`` with room for ``needed`` tokens (or rows), grown here rather than in the
+    kernel: numpy asks for huge pages (numba's runtime does not), and room it never writes stays
+    unmapped, so the bound (every token of the chunk) costs no memory the store does not use."""
     if needed <= len(store):
         return store
-    size = max(needed, 2 * len(store))
-    bigger = np.zeros(size, store.dtype) if zeroed else np.empty(size, store.dtype)
+    shape = (max(needed, 2 * len(store)), *store.shape[1:])
+    bigger = np.zeros(shape, store.dtype) if zeroed else np.empty(shape, store.dtype)
     bigger[: len(store)] = store
     return bigger

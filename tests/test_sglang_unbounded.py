@@ -27,6 +27,7 @@ from cache_models.config import SGLANG_EVICTION_POLICIES, SglangConfig
 from cache_models.prefix_trie import PrefixTrie, View
 from cache_models.result import ReplayResult
 from cache_models.workload import Workload
+from tests.test_runs_sglang import assert_same
 from tests.test_sglang_radix import policy_params
 
 
@@ -70,14 +71,6 @@ def by_kernel(config: SglangConfig, chunks: list[Workload]) -> list[ReplayResult
         out, tree = sglang_radix._replay_fast(config, chunk, tree)
         results.append(sglang_radix._result(chunk, out.pop("hit"), out))
     return results
-
-
-def assert_same(trie: ReplayResult, kernel: ReplayResult) -> None:
-    np.testing.assert_array_equal(trie.hit_tokens, kernel.hit_tokens)
-    assert trie.counters.keys() == kernel.counters.keys()
-    for name, values in kernel.counters.items():
-        np.testing.assert_array_equal(trie.counters[name], values, err_msg=name)
-    assert trie.metrics == kernel.metrics
 
 
 def check(seed: int) -> int:
