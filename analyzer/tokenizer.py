@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from analyzer.errors import PrefixcheckError
-from analyzer.tokenizer_fast import FastEncoding, encode_segmented, fast_encoding
+from analyzer.tokenizer_fast import FastEncoding, RunMemo, encode_segmented, fast_encoding
 
 DEFAULT_TOKENIZER = "qwen2.5"
 TIKTOKEN_PREFIX = "tiktoken:"
@@ -147,6 +147,11 @@ class TiktokenTokenizer:
             self.name, pat_str=self.pattern, mergeable_ranks=ranks, special_tokens=self.added_tokens
         )
 
+    @cached_property
+    def _runs(self) -> RunMemo:
+        """The runs between special tokens encoded so far, for later batches to reuse."""
+        return RunMemo()
+
     @property
     def description(self) -> str:
         return self.name
@@ -164,7 +169,7 @@ class TiktokenTokenizer:
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
         if self.normalize_nfc:
             texts = [unicodedata.normalize("NFC", text) for text in texts]
-        rows = encode_segmented(self._encoding, texts)
+        rows = encode_segmented(self._encoding, texts, self._runs)
         bos = self.token_id(self.special.bos_token) if self.special.bos_token else None
         if add_special_tokens and self.special.add_bos_token and bos is not None:
             prefix = np.array([bos], np.int32)

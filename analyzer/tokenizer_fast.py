@@ -28,18 +28,18 @@ reach) runs through ``tokenizers``.
 from __future__ import annotations
 
 import itertools
-import os
 import re
+import threading
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 import numpy as np
 
-ENCODE_THREADS = max(1, min(8, os.cpu_count() or 1))
-SHARD_MIN_CHARS = 1 << 16  # below this a batch is encoded on the calling thread
+# The text of the runs whose ids a tokenizer remembers (with their ids: about as many bytes).
+RUN_MEMO_CHARS = 1 << 22
 # The pre-tokenizer regex of ByteLevel(use_regex=True) (GPT-2's).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -52,45 +52,78 @@ class FastEncoding:
     nfc: bool
     prefix: list[int]  # ids the post-processor puts first with add_special_tokens
     suffix: list[int]
+    runs: RunMemo = field(default_factory=lambda: RunMemo(), repr=False, compare=False)
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[np.ndarray]:
         if self.nfc:
             texts = [unicodedata.normalize("NFC", text) for text in texts]
-        rows = encode_segmented(self.encoding, texts)
+        rows = encode_segmented(self.encoding, texts, self.runs)
         if add_special_tokens and (self.prefix or self.suffix):
             prefix, suffix = np.array(self.prefix, np.int32), np.array(self.suffix, np.int32)
             rows = [np.concatenate([prefix, row, suffix]) for row in rows]
         return rows
 
 
-def encode_segmented(encoding: Any, texts: list[str]) -> list[np.ndarray]:
+def encode_segmented(
+    encoding: Any, texts: list[str], memo: RunMemo | None = None
+) -> list[np.ndarray]:
     """``encoding.encode`` of every text (special tokens allowed), as int32 arrays, each
-    distinct run of text between special tokens encoded once for the whole batch: tiktoken
-    itself cuts a text at its special tokens and encodes each run apart
+    distinct run of text between special tokens encoded once (once for the whole log with a
+    ``memo``): tiktoken itself cuts a text at its special tokens and encodes each run apart
     (``CoreBPE::encode_native``), so the ids are the same, and chat prompts repeat their system
     prompt and earlier turns run for run. Cut as tiktoken cuts only when no special token is a
     prefix of another (then the leftmost match is the only one); otherwise each text is encoded
     whole. A text's ids are its runs' arrays joined, not a list of Python ints."""
     splitter = _special_splitter(encoding)
     if splitter is None:
-        return [np.array(row, np.int32) for row in encode_sharded(encoding, texts)]
+        return [np.array(row, np.int32) for row in encode_all(encoding, texts)]
+    memo = memo if memo is not None else RunMemo()
     pieces = [splitter.split(text) for text in texts]  # runs at even places, specials at odd
-    runs: dict[str, int] = {}
+    ids: dict[str, np.ndarray | None] = {}  # the batch's runs: from the memo, or None
     for parts in pieces:
         for run in parts[::2]:
-            runs.setdefault(run, len(runs))
-    encoded = [np.array(row, np.int32) for row in encode_sharded(encoding, list(runs))]
+            if run not in ids:
+                ids[run] = memo.get(run)
+    fresh = [run for run, known in ids.items() if known is None]
+    for run, row in zip(fresh, encode_all(encoding, fresh), strict=True):
+        ids[run] = np.array(row, np.int32)
+    memo.keep(fresh, ids)
     single = encoding.encode_single_token
-    specials = {token: np.array([single(token)], np.int32) for token in encoding.special_tokens_set}
-    return [
-        np.concatenate(
-            [
-                specials[part] if place % 2 else encoded[runs[part]]
-                for place, part in enumerate(parts)
-            ]
-        )
-        for parts in pieces
-    ]
+    for token in encoding.special_tokens_set:  # no run is a special token: it would be cut
+        ids[token] = np.array([single(token)], np.int32)
+    arrays = [ids[part] for parts in pieces for part in parts]
+    ends = np.cumsum(np.fromiter(map(len, arrays), np.int64, len(arrays)))
+    texts_ends = ends[np.cumsum([len(parts) for parts in pieces]) - 1]
+    return np.split(np.concatenate(arrays), texts_ends[:-1])  # views of the batch's one array
+
+
+class RunMemo:
+    """The ids of the runs (text between special tokens) encoded so far: a log's later turns
+    repeat their earlier turns run for run, across chunks. Bounded: the oldest runs go first
+    once their text passes ``max_chars`` characters."""
+
+    def __init__(self, max_chars: int = RUN_MEMO_CHARS) -> None:
+        self.max_chars = max_chars
+        self.chars = 0
+        self._ids: OrderedDict[str, np.ndarray] = OrderedDict()  # in the order encoded
+        self._lock = threading.Lock()
+
+    def get(self, run: str) -> np.ndarray | None:
+        return self._ids.get(run)
+
+    def keep(self, runs: list[str], ids: dict[str, np.ndarray | None]) -> None:
+        """Remember ``runs`` (each encoded in ``ids``), forgetting the oldest past the bound."""
+        with self._lock:
+            for run in runs:
+                if len(run) <= self.max_chars and run not in self._ids:
+                    self._ids[run] = ids[run]  # type: ignore[assignment]
+                    self.chars += len(run)
+            while self.chars > self.max_chars:  # popitem: a plain dict's first key is O(n)
+                oldest, _ = self._ids.popitem(last=False)
+                self.chars -= len(oldest)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 @cache
@@ -103,26 +136,10 @@ def _special_splitter(encoding: Any) -> re.Pattern[str] | None:
     return re.compile("(" + "|".join(re.escape(token) for token in tokens) + ")")
 
 
-def encode_sharded(encoding: Any, texts: list[str]) -> list[list[int]]:
-    """``encoding.encode`` of every text (special tokens allowed), the batch cut into one
-    contiguous shard of about equal characters per thread: tiktoken releases the GIL while it
-    encodes, and its own ``encode_batch`` submits one thread-pool task per text, whose overhead
-    costs more than the encoding on short texts."""
-    total = sum(map(len, texts))
-    shards = min(ENCODE_THREADS, len(texts), max(1, total // SHARD_MIN_CHARS))
-    if shards <= 1:
-        return _encode_all(encoding, texts)
-    cuts = np.searchsorted(
-        np.cumsum([len(text) for text in texts]), np.arange(1, shards) * (total / shards)
-    )
-    bounds = [0, *(int(cut) + 1 for cut in cuts), len(texts)]
-    parts = [texts[a:b] for a, b in itertools.pairwise(bounds) if b > a]
-    with ThreadPoolExecutor(len(parts)) as pool:
-        encoded = list(pool.map(lambda part: _encode_all(encoding, part), parts))
-    return [row for part in encoded for row in part]
-
-
-def _encode_all(encoding: Any, texts: list[str]) -> list[list[int]]:
+def encode_all(encoding: Any, texts: list[str]) -> list[list[int]]:
+    """``encoding.encode`` of every text (special tokens allowed), on the calling thread.
+    tiktoken releases the GIL while it encodes, but its threads contend: on the chat log's runs
+    (18M characters, 2 cores), two threads took the same wall time as one and 70% more CPU."""
     encode = encoding.encode
     return [encode(text, allowed_special="all") for text in texts]
 

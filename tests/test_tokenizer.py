@@ -146,25 +146,30 @@ def test_hub_name_offline_fails_at_once(
     assert "tokenizer.json" in message
 
 
-def test_sharded_batches_give_each_texts_own_ids(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batches cut into per-thread shards (of uneven texts, empty ones and special tokens
-    included) give every text the ids of encoding it alone, in order."""
-    from analyzer import tokenizer_fast
+def test_runs_remembered_across_batches_give_each_texts_own_ids() -> None:
+    """Batches that repeat earlier batches' runs (read from the tokenizer's memo, some of them
+    forgotten past its bound) give every text the ids of encoding it alone, in order; the memo
+    keeps at most its bound of characters."""
+    from analyzer.tokenizer_fast import RunMemo, encode_all, encode_segmented
 
-    monkeypatch.setattr(tokenizer_fast, "SHARD_MIN_CHARS", 1)
-    monkeypatch.setattr(tokenizer_fast, "ENCODE_THREADS", 3)
-    tokenizer = load_tokenizer(None)
-    texts = ["", "a", "hello <|im_end|> world " * 40, "é" * 7, "x y z", "1234567890" * 9]
-    rows = tokenizer.encode_batch(texts, add_special_tokens=False)
-    alone = [tokenizer.encode_batch([text], add_special_tokens=False)[0] for text in texts]
-    assert [row.tolist() for row in rows] == [row.tolist() for row in alone]
-    assert len(rows[2]) > 40 and rows[0].size == 0
+    encoding = load_tokenizer(None)._encoding
+    turns = ["hello <|im_end|> world " * 40, "é" * 7, "x y z", "1234567890" * 9, ""]
+    batches = [turns[:2], ["", "a", *turns], [t + "<|im_end|>" + t for t in turns], turns[::-1]]
+    memo = RunMemo(max_chars=64)
+    for batch in batches:
+        rows = encode_segmented(encoding, batch, memo)
+        assert [row.tolist() for row in rows] == encode_all(encoding, batch)
+        assert 0 < memo.chars <= 64 and len(memo) > 0
+    assert memo.get("1234567890" * 9) is None  # longer than the bound: never kept
+    unbounded = RunMemo()
+    encode_segmented(encoding, batches[1], unbounded)
+    assert unbounded.get("1234567890" * 9) is not None and unbounded.chars > 64
 
 
 def test_runs_between_special_tokens_are_encoded_once_with_the_same_ids() -> None:
     """A batch encoded run by run (each distinct text between special tokens once) gives the
     ids of encoding each text whole, special tokens adjacent, first, last or broken."""
-    from analyzer.tokenizer_fast import _encode_all, _special_splitter, encode_segmented
+    from analyzer.tokenizer_fast import _special_splitter, encode_all, encode_segmented
 
     encoding = load_tokenizer(None)._encoding
     system = "<|im_start|>system\nYou are terse.<|im_end|>\n"
@@ -179,7 +184,7 @@ def test_runs_between_special_tokens_are_encoded_once_with_the_same_ids() -> Non
     ]
     rows = encode_segmented(encoding, texts)
     assert all(row.dtype == np.int32 for row in rows)
-    assert [row.tolist() for row in rows] == _encode_all(encoding, texts)
+    assert [row.tolist() for row in rows] == encode_all(encoding, texts)
 
     class Overlapping:  # one special token a prefix of another: tiktoken's cut could differ
         special_tokens_set = frozenset({"<a>", "<a>b"})
