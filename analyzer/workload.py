@@ -264,15 +264,25 @@ def build_lines_workload(
 
 
 def _line_namespaces(column: dict[str, list], chunk_state: ChunkState) -> np.ndarray:
-    """``_namespaces`` of lines read as columns (no extra key): one id per distinct (model,
-    cache_salt, LoRA)."""
-    ids = chunk_state.namespace_ids
-    keys = list(zip(column["model"], column["cache_salt"], column["lora"], strict=True))
+    """``_namespaces`` of lines read as columns (no extra key)."""
+    chunk_state.models.update(model or "" for model in set(column["model"]))
+    models = column["model"]
+    keys = zip(models, column["cache_salt"], column["lora"], [None] * len(models), strict=True)
+    return _namespace_ids(list(keys), chunk_state.namespace_ids)
 
-    def namespace(key: tuple[str | None, ...]) -> int:
-        model, salt, lora = key
-        chunk_state.models.add(model or "")
-        return ids.setdefault((model or "", salt or "", lora or "", ""), len(ids))
+
+NamespaceKey = tuple[str | None, str | None, str | None, str | None]
+
+
+def _namespace_ids(
+    keys: list[NamespaceKey], ids: dict[tuple[str, str, str, str], int]
+) -> np.ndarray:
+    """The id of each (model, cache_salt, LoRA, extra_key) in ``ids`` (None is ""), a new one
+    numbered in order of first appearance."""
+
+    def namespace(key: NamespaceKey) -> int:
+        model, salt, lora, extra = key
+        return ids.setdefault((model or "", salt or "", lora or "", extra or ""), len(ids))
 
     return _per_value(keys, namespace, np.int32)
 
@@ -631,20 +641,9 @@ def _namespaces(
         include_model = True
         ids = chunk_state.namespace_ids
         chunk_state.models.update(r.model or "" for r in records)
-    namespace = np.array(
-        [
-            ids.setdefault(
-                (
-                    (r.model or "") if include_model else "",
-                    r.cache_salt or "",
-                    r.lora or "",
-                    r.extra_key or "",
-                ),
-                len(ids),
-            )
-            for r in records
-        ],
-        np.int32,
+    namespace = _namespace_ids(
+        [(r.model if include_model else None, r.cache_salt, r.lora, r.extra_key) for r in records],
+        ids,
     )
     if chunk_state is not None:
         return namespace, chunk_state.labels()
