@@ -468,9 +468,9 @@ def _model_summaries(
     models: np.ndarray, prompt_lengths: np.ndarray, replays: Replays
 ) -> dict[str, ModelSummary]:
     """Per-model figures, when the log holds more than one model."""
-    names = list(dict.fromkeys(models))
-    if len(names) <= 1:
+    if len(models) == 0 or (models == models[0]).all():  # one model: no string per request
         return {}
+    names = list(dict.fromkeys(models))
     summaries = {}
     for name in names:
         mask = models == name

@@ -58,6 +58,8 @@ class Routes:
         """Requests with equal labels share a key (``key(label)``), in order of first appearance."""
         if len(labels) == 0:
             return cls((), np.zeros(0, np.int64))
+        if (labels == labels[0]).all():  # one label, the common case: no sort of strings
+            return cls((key(str(labels[0])),), np.zeros(len(labels), np.int64))
         _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
@@ -88,8 +90,13 @@ class ByModel:
 
 
 def model_labels(models: pl.Series) -> np.ndarray:
-    """The ``model`` column as the labels the router reads (no model: ``UNNAMED``)."""
-    return models.fill_null(UNNAMED).to_numpy().astype(str)
+    """The ``model`` column as the labels the router reads (no model: ``UNNAMED``), made from
+    its few distinct names (not a Python string per request)."""
+    filled = models.fill_null(UNNAMED)
+    names = filled.unique(maintain_order=True).to_list()
+    if len(names) <= 1:
+        return np.full(len(filled), names[0]) if names else np.array([], str)
+    return np.array(names)[filled.cast(pl.Enum(names)).to_physical().to_numpy()]
 
 
 class Cache(Protocol):

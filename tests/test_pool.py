@@ -4,9 +4,10 @@ in the chunk's order; a router may give requests replica keys."""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 
-from analyzer.pool import CacheKey, CachePool, Routes
+from analyzer.pool import UNNAMED, CacheKey, CachePool, Routes, model_labels
 from analyzer.replay import ReplaySettings
 from cache_models.sglang_radix import SglangRadixCache
 from cache_models.vllm_apc import VllmPrefixCache
@@ -70,3 +71,20 @@ def test_a_replay_with_requests_in_flight_takes_the_whole_log() -> None:
     pool.feed(workload, models)
     with pytest.raises(ValueError, match="only sequential replays stream"):
         pool.feed(workload, models)
+
+
+@pytest.mark.parametrize(
+    "models",
+    [["m-7b"] * 5, ["a", None, "model-b", "a", None], [None, None], [], ["", ""], ["é", "x", "é"]],
+)
+def test_model_labels_and_routes_follow_each_request_s_model(models: list[str | None]) -> None:
+    """Each request's label is its model (no model: UNNAMED), as a unicode array as wide as the
+    longest; equal labels share a key, keys in order of first appearance."""
+    labels = model_labels(pl.Series("model", models, dtype=pl.String))
+    named = [UNNAMED if m is None else m for m in models]
+    assert labels.tolist() == named
+    assert labels.dtype == np.array(named or [""], str).dtype
+    routes = Routes.of_labels(labels, CacheKey)
+    keys = list(dict.fromkeys(named))
+    assert [key.model for key in routes.keys] == keys
+    assert routes.of.tolist() == [keys.index(m) for m in named]
