@@ -75,7 +75,7 @@ def encode_segmented(
     prefix of another (then the leftmost match is the only one); otherwise each text is encoded
     whole. A text's ids are its runs' arrays joined, not a list of Python ints."""
     splitter = _special_splitter(encoding)
-    if splitter is None:
+    if splitter is None or not texts:
         return [np.array(row, np.int32) for row in encode_all(encoding, texts)]
     memo = memo if memo is not None else RunMemo()
     pieces = [splitter.split(text) for text in texts]  # runs at even places, specials at odd
@@ -124,6 +124,12 @@ class RunMemo:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    def __getstate__(self) -> dict[str, int]:  # a pickled tokenizer starts with an empty memo
+        return {"max_chars": self.max_chars}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__(state["max_chars"])  # type: ignore[misc]
 
 
 @cache

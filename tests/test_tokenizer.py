@@ -4,6 +4,7 @@ folders load with their special tokens and chat template."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,8 @@ def test_runs_remembered_across_batches_give_each_texts_own_ids() -> None:
         assert [row.tolist() for row in rows] == encode_all(encoding, batch)
         assert 0 < memo.chars <= 64 and len(memo) > 0
     assert memo.get("1234567890" * 9) is None  # longer than the bound: never kept
+    assert encode_segmented(encoding, [], memo) == []
+    assert len(pickle.loads(pickle.dumps(memo))) == 0  # a pickled memo starts empty
     unbounded = RunMemo()
     encode_segmented(encoding, batches[1], unbounded)
     assert unbounded.get("1234567890" * 9) is not None and unbounded.chars > 64
