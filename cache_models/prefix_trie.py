@@ -108,6 +108,14 @@ class TrieNodes:
         the store against a workload's tokens reads (``trie_walk``, ``block_stream``)."""
         return self if self.span is None else self._expanded_runs
 
+    def with_namespace(self, namespace: np.ndarray) -> TrieNodes:
+        """This trie with other namespace ids on its nodes. A trie of runs shares its expansion
+        with the copy (the store's tokens, made once for both: both are walked)."""
+        renamed = replace(self, namespace=namespace)
+        if self.span is not None:
+            renamed.__dict__["_expanded_runs"] = replace(self.expanded, namespace=namespace)
+        return renamed
+
     @cached_property
     def _expanded_runs(self) -> TrieNodes:
         assert self.store_weights is not None and self.first_tokens is not None

@@ -239,6 +239,25 @@ def test_trie_feeds_runs_as_their_expansion() -> None:
         assert runs_trie.feed(workload)[0].any()  # a second pass hits
 
 
+def test_a_renamed_run_trie_shares_the_expansion_renamed_too() -> None:
+    """``with_namespace``: the same nodes under other namespace ids, and its expansion is the
+    original's (one store of tokens for both), renamed."""
+    for _, _, _, workload in cases():
+        trie = PrefixTrie()
+        trie.replay(workload)
+        nodes = trie.nodes
+        assert nodes is not None and nodes.of_runs
+        namespace = nodes.namespace + 7
+        renamed = nodes.with_namespace(namespace)
+        np.testing.assert_array_equal(renamed.namespace, namespace)
+        np.testing.assert_array_equal(renamed.expanded.namespace, namespace)
+        assert renamed.expanded.store is nodes.expanded.store
+        for name in ("parent", "start", "length", "depth", "count", "first_request"):
+            np.testing.assert_array_equal(
+                getattr(renamed.expanded, name), getattr(nodes.expanded, name), err_msg=name
+            )
+
+
 def test_trie_fed_run_chunks_is_the_token_trie() -> None:
     for _, trace, table, _ in cases():
         runs_trie, tokens_trie = PrefixTrie(VIEWS), PrefixTrie(VIEWS)

@@ -299,7 +299,7 @@ def _renamed(trie: TrieNodes, old: np.ndarray, new: np.ndarray) -> TrieNodes | N
     lookup[pairs[0]] = pairs[1]
     namespace = lookup[trie.namespace]
     namespace[0] = trie.namespace[0]  # the sentinel above the roots
-    return replace(trie, namespace=namespace)
+    return trie.with_namespace(namespace)
 
 
 def _site_summaries(
