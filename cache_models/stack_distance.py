@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from cache_models._bits import popcount as _popcount
 from cache_models.block_stream import BlockStream
 
 
@@ -146,14 +147,6 @@ def _marked_between(word_bits, low, high):
 def _up_to(bit):
     """The mask of bit positions <= bit."""
     return np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(63 - bit)
-
-
-@njit(cache=True, inline="always")
-def _popcount(x):
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
 
 
 @njit(cache=True, inline="always")
