@@ -68,12 +68,13 @@ def encode_segmented(
     encoding: Any, texts: list[str], memo: RunMemo | None = None
 ) -> list[np.ndarray]:
     """``encoding.encode`` of every text (special tokens allowed), as int32 arrays, each
-    distinct run of text between special tokens encoded once (once for the whole log with a
-    ``memo``): tiktoken itself cuts a text at its special tokens and encodes each run apart
-    (``CoreBPE::encode_native``), so the ids are the same, and chat prompts repeat their system
-    prompt and earlier turns run for run. Cut as tiktoken cuts only when no special token is a
-    prefix of another (then the leftmost match is the only one); otherwise each text is encoded
-    whole. A text's ids are its runs' arrays joined, not a list of Python ints."""
+    distinct run of text between special tokens encoded once, and not again in a later batch
+    while ``memo`` remembers it: tiktoken itself cuts a text at its special tokens and encodes
+    each run apart (``CoreBPE::encode_native``), so the ids are the same, and chat prompts
+    repeat their system prompt and earlier turns run for run. Cut as tiktoken cuts only when no
+    special token is a prefix of another (then the leftmost match is the only one); otherwise
+    each text is encoded whole. A text's ids are its runs' arrays joined, not a list of Python
+    ints."""
     splitter = _special_splitter(encoding)
     if splitter is None or not texts:
         return [np.array(row, np.int32) for row in encode_all(encoding, texts)]

@@ -265,8 +265,8 @@ def build_lines_workload(
 
 def _line_namespaces(column: dict[str, list], chunk_state: ChunkState) -> np.ndarray:
     """``_namespaces`` of lines read as columns (no extra key)."""
-    chunk_state.models.update(model or "" for model in set(column["model"]))
     models = column["model"]
+    chunk_state.models.update(model or "" for model in set(models))
     keys = zip(models, column["cache_salt"], column["lora"], [None] * len(models), strict=True)
     return _namespace_ids(list(keys), chunk_state.namespace_ids)
 
