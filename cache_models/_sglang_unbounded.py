@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cache_models import engine_rules as rules
 from cache_models.config import SglangConfig
 from cache_models.workload import Workload
 
@@ -43,7 +44,8 @@ def of_reach(
     prompt = chunk.prompt_lengths
     limits = chunk.hit_limits
     limit = np.where(limits >= 0, np.minimum(prompt - 1, limits), prompt - 1)
-    kept = prompt + chunk.output_lengths - 1 + stops  # L + rules.sglang_kv_steps
+    # L + steps; ``stops`` already holds the overlap scheduler's part of the rule
+    kept = prompt + rules.sglang_kv_steps(chunk.output_lengths, stops, True)
     none = np.zeros(chunk.n_requests, np.int64)
     counters = {
         "evicted_tokens": none,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from cache_models import engine_rules as rules
+
 NO_CHILD = -1
 # Columns of the kernel's node matrix, in TrieNodes' order; entries of its sizes.
 PARENT, START, LENGTH, DEPTH, COUNT, FIRST, SPACE = range(7)
@@ -315,7 +317,7 @@ def feed_tokens(
         for v in range(N_KINDS):
             reach_out[v, r] = reach[v]
         if splitting:
-            limit = prompt_len - 1 if hit_limit[r] < 0 else min(prompt_len - 1, hit_limit[r])
+            limit = rules.sglang_match_limit(prompt_len, hit_limit[r])
             splits[r], cuts = _sglang_splits(
                 boundaries,
                 segments,

@@ -183,7 +183,6 @@ class PrefixTrie:
         self._vllm = np.array([v.engine == "vllm" for v in self.views], np.bool_)
         self._children = new_child_map(1 << 12)
         self._columns = np.zeros((1024, N_COLUMNS), np.int64)
-        # per node and view: the most a sequence through it keeps (tokens of one request: int32)
         # per node: the most a sequence through it keeps (tokens of one request: int32), per
         # kind of what an engine keeps (tokens; ``_trie_kernel.N_KINDS``) or per view (runs)
         self._best = np.zeros((1024, len(self.views)), np.int32)
