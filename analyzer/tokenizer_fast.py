@@ -86,7 +86,7 @@ def encode_segmented(
             if run not in ids:
                 ids[run] = memo.get(run)
     fresh = [run for run, known in ids.items() if known is None]
-    for run, row in zip(fresh, encode_all(encoding, fresh), strict=True):
+    for run, row in zip(fresh, encode_runs(encoding, fresh), strict=True):
         ids[run] = np.array(row, np.int32)
     memo.keep(fresh, ids)
     single = encoding.encode_single_token
@@ -94,8 +94,9 @@ def encode_segmented(
         ids[token] = np.array([single(token)], np.int32)
     arrays = [ids[part] for parts in pieces for part in parts]
     ends = np.cumsum(np.fromiter(map(len, arrays), np.int64, len(arrays)))
-    texts_ends = ends[np.cumsum([len(parts) for parts in pieces]) - 1]
-    return np.split(np.concatenate(arrays), texts_ends[:-1])  # views of the batch's one array
+    texts_ends = ends[np.cumsum([len(parts) for parts in pieces]) - 1].tolist()
+    flat = np.concatenate(arrays)  # the texts' rows are views of the batch's one array
+    return [flat[start:end] for start, end in zip([0, *texts_ends[:-1]], texts_ends, strict=True)]
 
 
 class RunMemo:
@@ -149,6 +150,14 @@ def encode_all(encoding: Any, texts: list[str]) -> list[list[int]]:
     (18M characters, 2 cores), two threads took the same wall time as one and 70% more CPU."""
     encode = encoding.encode
     return [encode(text, allowed_special="all") for text in texts]
+
+
+def encode_runs(encoding: Any, runs: list[str]) -> list[list[int]]:
+    """``encode_all`` of runs that hold no special token (cut at them): tiktoken's
+    ``encode_ordinary``, the same ids, without the search for special tokens that ``encode``
+    makes first (a fifth of its time on chat text)."""
+    encode = encoding.encode_ordinary
+    return [encode(run) for run in runs]
 
 
 def fast_encoding(config: dict[str, Any], backend: Any) -> tuple[FastEncoding | None, str]:
