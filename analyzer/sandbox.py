@@ -2,9 +2,11 @@
 no mutation), plus limits on time and size, so that a hostile template fails one request with a
 reason instead of hanging the run or filling memory.
 
-- Time: each render has RENDER_SECONDS. Every attribute, item, call, filter, operator, ``~`` and
-  ``range`` step checks the deadline; on the main thread a timer signal also interrupts loops
-  that touch none of them (armed for each render, or once for a run of them: ``render_watch``).
+- Time: each render has RENDER_SECONDS. On the main thread a timer signal interrupts it (armed
+  for each render, or once for a run of them: ``render_watch``); on another thread, which no
+  signal reaches, every attribute, item, call, filter, operator, ``~``, ``range`` step and loop
+  step checks the deadline (the clock read they skip under a timer was a sixth of a chat log's
+  renders).
 - Size: the rendered text, and every string or list an operator, ``~``, a filter or a method call
   makes, is at most MAX_TEMPLATE_CHARS; an integer argument above that (``center(10**9)``) and
   an exponent that makes a huge number are refused before they run.
@@ -41,7 +43,7 @@ class TemplateLimit(jinja2.exceptions.TemplateError):
 
 
 class _Deadline(threading.local):
-    at: float | None = None
+    at: float | None = None  # the hooks' deadline: None outside a render or under a timer
 
 
 _DEADLINE = _Deadline()
@@ -74,6 +76,24 @@ def _bounded_range(*args: int) -> Iterator[int]:
         if count % 1024 == 0:
             _check_time()
         yield number
+
+
+def _bounded_loop(iterable: Any) -> Any:
+    """What a ``for`` loops over: as it is under a timer signal, else checked against the
+    deadline as it goes (a loop whose body is empty touches no other hook)."""
+    if _DEADLINE.at is None:
+        return iterable
+    return _checked_loop(iterable)
+
+
+def _checked_loop(iterable: Any) -> Iterator[Any]:
+    for count, item in enumerate(iterable):
+        if count % 1024 == 0:
+            _check_time()
+        yield item
+
+
+BOUNDED_LOOP = "prefixcheck_bounded_loop"  # the filter every ``for`` loop's iterable goes through
 
 
 def _bounded_filter(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,6 +134,20 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.globals.pop("lipsum", None)
         self.globals["range"] = _bounded_range
         self.filters = {name: _bounded_filter(f) for name, f in self.filters.items()}
+        self.filters[BOUNDED_LOOP] = _bounded_loop
+
+    def _generate(
+        self,
+        source: nodes.Template,
+        name: str | None,
+        filename: str | None,
+        defer_init: bool = False,
+    ) -> str:
+        for loop in list(source.find_all(nodes.For)):  # each ``for``'s iterable is bounded
+            loop.iter = nodes.Filter(
+                loop.iter, BOUNDED_LOOP, [], [], None, None, lineno=loop.lineno
+            )
+        return super()._generate(source, name, filename, defer_init)
 
     def add_filter(self, name: str, function: Callable[..., Any]) -> None:
         self.filters[name] = _bounded_filter(function)
@@ -176,9 +210,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
 def render_bounded(template: jinja2.Template, variables: dict[str, Any]) -> str:
     """The template's text, within RENDER_SECONDS and MAX_TEMPLATE_CHARS."""
-    _DEADLINE.at = time.monotonic() + RENDER_SECONDS
+    deadline = time.monotonic() + RENDER_SECONDS
     try:
-        with _alarm():
+        with _alarm(deadline) as timed:
+            _DEADLINE.at = None if timed else deadline
             size, parts = 0, []
             for part in template.generate(**variables):
                 size += len(part)
@@ -196,16 +231,12 @@ def render_bounded(template: jinja2.Template, variables: dict[str, Any]) -> str:
 class _Alarm:
     active = False  # a render runs under the timer
     watching = False  # a ``render_watch`` keeps the timer ticking
+    deadline = 0.0  # the render's, for the ticks of a watch
 
 
 def _on_alarm(signum: int, frame: object) -> None:
-    if _Alarm.active and (not _Alarm.watching or _past_deadline()):
+    if _Alarm.active and (not _Alarm.watching or time.monotonic() > _Alarm.deadline):
         raise TemplateLimit(f"chat template ran over {RENDER_SECONDS:g} s")
-
-
-def _past_deadline() -> bool:
-    at = _DEADLINE.at
-    return at is not None and time.monotonic() > at
 
 
 @contextlib.contextmanager
@@ -228,23 +259,24 @@ def render_watch() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _alarm() -> Iterator[None]:
-    """A timer signal on the main thread (another thread has only the hooks' checks)."""
+def _alarm(deadline: float) -> Iterator[bool]:
+    """A timer signal that stops the render at ``deadline``, on the main thread; whether there
+    is one (another thread has only the hooks' checks)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield False
         return
     if _Alarm.watching:  # the watch's timer ticks already
-        _Alarm.active = True
+        _Alarm.active, _Alarm.deadline = True, deadline
         try:
-            yield
+            yield True
         finally:
             _Alarm.active = False
         return
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     _Alarm.active = True
-    signal.setitimer(signal.ITIMER_REAL, RENDER_SECONDS + 0.5)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 1e-3))
     try:
-        yield
+        yield True
     finally:
         _Alarm.active = False
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -5,6 +5,7 @@ a reason, quickly, instead of hanging the run or filling memory."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
@@ -97,6 +98,25 @@ def test_hostile_templates_fail_their_requests_under_one_watch(
         assert signal.getitimer(signal.ITIMER_REAL)[1] > 0  # ticking
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_hostile_templates_fail_off_the_main_thread() -> None:
+    """A thread has no timer signal: the hooks' deadline checks alone stop its renders."""
+    results: list[str] = []
+
+    def render_all() -> None:
+        for source in BLOW_UPS[:3]:
+            start = time.monotonic()
+            try:
+                ChatRenderer(source, SPECIAL).render(MESSAGES)
+            except BadLine as exc:
+                results.append(f"{exc.reason} in {time.monotonic() - start:.1f} s")
+
+    worker = threading.Thread(target=render_all)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    assert len(results) == 3 and all("ran over 0.3 s" in result for result in results)
 
 
 @pytest.mark.parametrize(
