@@ -599,6 +599,7 @@ def _output_tokens(
         stage="tokenizing answers",
     )
     encoded = {i: row for (i, _), row in zip(texts, ids, strict=True)}
+    stop_row = None if stop_token is None else np.array([stop_token], np.int32)
 
     next_unknown = state.next_unknown
     result: list[tuple[np.ndarray, bool]] = []
@@ -608,8 +609,8 @@ def _output_tokens(
             tokens = np.asarray(record.output_token_ids, np.int32)
         elif i in encoded:
             tokens = encoded[i]
-            if _is_stop(record.finish_reason) and stop_token is not None:
-                tokens = np.append(tokens, np.int32(stop_token))
+            if stop_row is not None and _is_stop(record.finish_reason):
+                tokens = np.concatenate((tokens, stop_row))
         if tokens is not None and len(tokens):
             result.append((tokens, True))
             continue
