@@ -362,6 +362,24 @@ def test_mixed_formats_name_the_line(tmp_path: Path) -> None:
         load_logs([log], strict=True)
 
 
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (b'{"messages": [{"role": "user", "content": "\xff"}]}', "not UTF-8 text"),
+        (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON nested too deeply"),
+        (b'{"prompt_token_ids": [1' + b"0" * 5000 + b"]}", "an integer of over 4,300 digits"),
+    ],
+)
+def test_a_log_of_unreadable_lines_says_why_the_first_is(
+    tmp_path: Path, line: bytes, why: str
+) -> None:
+    """No format is found when no line reads: the error names the first line and its reason,
+    not only that no format matched."""
+    (tmp_path / "bad.jsonl").write_bytes(line + b"\n" + line + b"\n")
+    with pytest.raises(PrefixcheckError, match=rf"in the first 2 lines; .*bad\.jsonl:1: .*{why}"):
+        load_logs([tmp_path / "bad.jsonl"])
+
+
 def test_unknown_and_empty_inputs(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(PrefixcheckError, match="empty input"):

@@ -325,9 +325,11 @@ def _peek(name: str, meter: ReadMeter | None = None) -> _Peeked:
 def _detect(name: str, items: _Peeked) -> LogFormat:
     seen_keys: list[str] = []
     objects = 0
+    unreadable: Skip | None = None  # the first line that could not be read, for the error
     for line, item in items.head:
         value = item if items.objects else _decode(item, name, line)
         if isinstance(value, Skip):
+            unreadable = unreadable or value
             continue
         if isinstance(value, dict):
             objects += 1
@@ -340,9 +342,10 @@ def _detect(name: str, items: _Peeked) -> LogFormat:
     if not seen_keys and not items.head:
         raise PrefixcheckError(f"{name}: empty input")
     if not seen_keys:
+        why = f"; {unreadable}" if unreadable is not None else ""
         raise PrefixcheckError(
             f"{name}: no JSON object and no vLLM/SGLang request line in the first "
-            f"{len(items.head)} lines; choose a format with --format ({', '.join(FORMATS)})"
+            f"{len(items.head)} lines{why}; choose a format with --format ({', '.join(FORMATS)})"
         )
     raise PrefixcheckError(
         f"{name}: unknown log format (keys {seen_keys}); choose one with --format "

@@ -34,7 +34,9 @@ def json_object(raw: bytes, file: str, line: int) -> dict[str, Any] | Skip:
         return Skip(file, line, "not UTF-8 text")
     except json.JSONDecodeError as exc:
         return Skip(file, line, f"malformed JSON ({exc.msg})")
-    except ValueError as exc:  # e.g. an integer of over 4,300 digits
+    except ValueError as exc:  # an integer of over 4,300 digits, above all
+        if "integer string conversion" in str(exc):
+            return Skip(file, line, "malformed JSON (an integer of over 4,300 digits)")
         return Skip(file, line, f"malformed JSON ({str(exc)[:120]})")
     except RecursionError:
         return Skip(file, line, deep)
