@@ -21,6 +21,7 @@ Replicas = Annotated[
         "(--capacity-tokens each), placed by --router.",
     ),
 ]
+DEFAULT_ROUTER = "round-robin"
 RouterName = Annotated[str, typer.Option(help=f"Router of the fleet: {', '.join(ROUTERS)}.")]
 RouterConfig = Annotated[
     str | None,
@@ -51,8 +52,10 @@ def fleet_options(
 ) -> FleetOptions | None:
     """The fleet to replay, or None for one instance; PrefixcheckError on bad values."""
     if replicas is None and replica_field is None:
-        if router_config or session_field:
-            raise PrefixcheckError("--router-config and --session-field need --replicas")
+        if router not in ROUTERS:
+            raise PrefixcheckError(f"--router {router}: unknown (one of {', '.join(ROUTERS)})")
+        if router_config or session_field or router != DEFAULT_ROUTER:
+            raise PrefixcheckError("--router, --router-config and --session-field need --replicas")
         return None
     params = {}
     if router_config:
@@ -74,7 +77,7 @@ class FleetFlags:
     """The fleet of analyze: replicas behind a router (parsed and checked before the run)."""
 
     replicas: Replicas = None
-    router: RouterName = "round-robin"
+    router: RouterName = DEFAULT_ROUTER
     router_config: RouterConfig = None
     session_field: SessionField = None
     replica_field: ReplicaField = None

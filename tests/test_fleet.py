@@ -263,6 +263,11 @@ def test_bad_router_flags_exit_2(tmp_path: Path) -> None:
             app, ["analyze", str(log), "--format", "tokens", "--replicas", "2", *args]
         )
         assert result.exit_code == 2, result.output
+    # Without a fleet a router is not silently ignored: an unknown one is named, a known one
+    # is refused as --router-config and --session-field are.
+    for router, why in (("nope", "unknown"), ("hash", "need --replicas")):
+        result = runner.invoke(app, ["analyze", str(log), "--format", "tokens", "--router", router])
+        assert result.exit_code == 2 and why in result.output, result.output
 
 
 def test_fleet_what_ifs(tmp_path: Path) -> None:
