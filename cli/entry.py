@@ -56,10 +56,31 @@ def main() -> None:
         gc.enable()
         app()
     except (KeyboardInterrupt, _Interrupted) as exc:
-        terminated = isinstance(exc, _Interrupted) and exc.signum == signal.SIGTERM
-        _leave("terminated" if terminated else "interrupted", exc)
+        _leave(_signalled(exc), exc)
     except Exception as exc:  # typer re-raises what click did not handle
+        cause = _interruption(exc)
+        if cause is not None:  # the signal, wrapped on its way out
+            _leave(_signalled(cause), cause)
         _leave("internal error", exc)
+
+
+def _signalled(exc: BaseException) -> str:
+    terminated = isinstance(exc, _Interrupted) and exc.signum == signal.SIGTERM
+    return "terminated" if terminated else "interrupted"
+
+
+def _interruption(exc: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM behind ``exc``, when another exception wraps it: Python 3.11
+    turns one raised while a class is made (a ``cached_property``'s ``__set_name__``, as a
+    module imports) into a RuntimeError."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        if isinstance(found, KeyboardInterrupt | _Interrupted):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return None
 
 
 def _leave(what: str, exc: BaseException) -> NoReturn:

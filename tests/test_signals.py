@@ -109,3 +109,40 @@ def test_signal_ends_the_run_cleanly(
     assert in_session(process.pid) == []
     if signum == signal.SIGTERM and stage == "forked workers":  # the token cache is written
         assert _clean_run(cache, tmp_path / "after.json") == reference
+
+
+# A signal that lands while a module makes a class: Python 3.11 wraps what ``__set_name__``
+# raises (here, as a ``cached_property`` is set on its class) in a RuntimeError.
+WRAPPED = (
+    "import signal, sys, types\n"
+    "import cli.entry as entry\n"
+    "def app():\n"
+    "    class Field:\n"
+    "        def __set_name__(self, owner, name):\n"
+    "            raise entry._Interrupted(signal.{signal})\n"
+    "    try:\n"
+    "        type('Model', (), {{'field': Field()}})\n"
+    "    except BaseException as exc:\n"
+    "        raise RuntimeError('Error calling __set_name__') from exc\n"
+    "sys.modules['cli.main'] = types.SimpleNamespace(app=app)\n"
+    "entry.main()\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "line"), [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")]
+)
+def test_a_signal_wrapped_by_another_exception_still_ends_the_run_cleanly(
+    name: str, code: int, line: str
+) -> None:
+    """The run ends as the signal asks (not as an internal error, exit 70), whatever exception
+    the signal's own reached the entry point inside."""
+    done = subprocess.run(
+        [sys.executable, "-c", WRAPPED.format(signal=name)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == code, done.stderr
+    assert done.stderr.strip() == f"prefixcheck: {line}"
