@@ -5,8 +5,8 @@ reason instead of hanging the run or filling memory.
 - Time: each render has RENDER_SECONDS. On the main thread a timer signal interrupts it (armed
   for each render, or once for a run of them: ``render_watch``); on another thread, which no
   signal reaches, every attribute, item, call, filter, operator, ``~``, ``range`` step and loop
-  step checks the deadline (the clock read they skip under a timer was a sixth of a chat log's
-  renders).
+  step checks the deadline (the clock reads they skip under a timer were about a tenth of a chat
+  log's renders).
 - Size: the rendered text, and every string or list an operator, ``~``, a filter or a method call
   makes, is at most MAX_TEMPLATE_CHARS; an integer argument above that (``center(10**9)``) and
   an exponent that makes a huge number are refused before they run.
