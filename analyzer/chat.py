@@ -158,7 +158,7 @@ class ChatRenderer:
         try:
             return {
                 name: (
-                    _flat_globals(env.from_string(source)),
+                    env.from_string(source),
                     self._content_format(source, env.parse(source)),
                     '"developer"' in source or "'developer'" in source,
                 )
@@ -319,11 +319,3 @@ def _chosen_renderer(
         f"unknown --chat-template {choice!r}: not a built-in ({', '.join(BUILTIN_TEMPLATES)}) "
         f"and not a template file{named}"
     )
-
-
-def _flat_globals(template: jinja2.Template) -> jinja2.Template:
-    """The template with its globals as one dict, not jinja2's ``ChainMap`` of its own and the
-    environment's (read the same: the environment's are set before it compiles): each render
-    copies them into its context, and a ``ChainMap``'s copy was about a tenth of a render."""
-    template.globals = dict(template.globals)
-    return template

@@ -19,7 +19,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import jinja2
@@ -148,6 +148,13 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 loop.iter, BOUNDED_LOOP, [], [], None, None, lineno=loop.lineno
             )
         return super()._generate(source, name, filename, defer_init)
+
+    def make_globals(self, d: MutableMapping[str, Any] | None) -> MutableMapping[str, Any]:
+        """A template's globals as one dict over the environment's (the same lookups as
+        jinja2's ``ChainMap``, the environment's being set before a template compiles): each
+        render copies them into its context, and a ``ChainMap``'s copy was about a tenth of a
+        render."""
+        return {**self.globals, **(d or {})}
 
     def add_filter(self, name: str, function: Callable[..., Any]) -> None:
         self.filters[name] = _bounded_filter(function)
