@@ -52,9 +52,8 @@ def fleet_options(
 ) -> FleetOptions | None:
     """The fleet to replay, or None for one instance; PrefixcheckError on bad values."""
     if replicas is None and replica_field is None:
-        if router not in ROUTERS:
-            raise PrefixcheckError(f"--router {router}: unknown (one of {', '.join(ROUTERS)})")
         if router_config or session_field or router != DEFAULT_ROUTER:
+            _checked_router(router, 1, {})  # an unknown name is named first, as in a fleet
             raise PrefixcheckError("--router, --router-config and --session-field need --replicas")
         return None
     params = {}
@@ -65,11 +64,16 @@ def fleet_options(
             raise PrefixcheckError(f"--router-config is not JSON: {exc}") from None
         if not isinstance(params, dict):
             raise PrefixcheckError("--router-config must be a JSON object")
+    _checked_router(router, replicas or 1, params)
+    return FleetOptions(replicas or 1, router, params, session_field, replica_field)
+
+
+def _checked_router(router: str, replicas: int, params: dict) -> None:
+    """PrefixcheckError when the registry makes no such router with these parameters."""
     try:
-        make_router(router, replicas or 1, params)
+        make_router(router, replicas, params)
     except (ValueError, TypeError) as exc:
         raise PrefixcheckError(f"--router {router}: {exc}") from None
-    return FleetOptions(replicas or 1, router, params, session_field, replica_field)
 
 
 @dataclass(frozen=True)
